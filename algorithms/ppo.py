@@ -6,6 +6,7 @@ import difflib
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -49,8 +50,9 @@ class Args:
     """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = True
-    """evaluate the greedy policy (argmax / Gaussian mean) instead of sampling"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off by default, sampling as CleanRL's PPO evaluation does,
+    since a greedy Atari policy can stall (never pressing FIRE) until the 27,000-step time limit"""
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     resume: str = ""
@@ -176,6 +178,16 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
     envs.reset(seed=seed)
     envs.action_space.seed(seed)
     return envs, False
+
+
+def can_render(env_id: str) -> bool:
+    """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); import ppo; "
+        f"envs, _ = ppo.make_env({env_id!r}, 1, 0, False, False, render=True); envs.reset(); envs.render()"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
 
 
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
@@ -518,6 +530,9 @@ def main(args: Args) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
+    if args.capture_video and not can_render(args.env_id):
+        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
+        args.capture_video = False
     safe_id = args.env_id.replace("/", "-").replace(":", "-")
     run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
@@ -546,7 +561,7 @@ def main(args: Args) -> None:
         print(f"resumed {run_dir} at step {global_step:,}")
 
     # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=global_step if ckpt else None)
+    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
     if not ckpt:
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")

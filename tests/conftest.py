@@ -1,0 +1,56 @@
+"""Helpers shared by every test: load an algorithm's functions, run it end to end, read what it logged."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmark.tblog import read_scalars
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_algorithm(name: str):
+    """Import algorithms/<name>.py as a module (the scripts are not a package, on purpose)."""
+    spec = importlib.util.spec_from_file_location(f"algorithms_{name}", ROOT / "algorithms" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = 300, check: bool = True, env=None):
+    """Run algorithms/<name>.py in cwd (its runs/ lands there) and return the CompletedProcess."""
+    cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def run_dirs(cwd: Path) -> list[Path]:
+    return sorted(p for p in (cwd / "runs").iterdir() if p.is_dir())
+
+
+def only_run(cwd: Path) -> Path:
+    dirs = run_dirs(cwd)
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float, float]]]:
+    return read_scalars(str(run_dir))
+
+
+def values(run_dir: Path, tag: str) -> list[float]:
+    return [v for _, v, _ in scalars(run_dir)[tag]]
+
+
+@pytest.fixture
+def test_env():
+    """Environment for subprocesses: tests/ on the path for the custom gymnasium env module."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    return env

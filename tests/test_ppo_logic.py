@@ -1,0 +1,197 @@
+"""ppo.py's maths against plain reference code: GAE, episode statistics, running statistics, schedule, loss."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, load_algorithm
+
+ppo = load_algorithm("ppo")
+
+
+def reference_gae(rewards, values, next_value, terms, truncs, valid, gamma, lam):
+    """Advantage as the forward sum of discounted TD errors up to the episode's end, one env at a time."""
+    num_steps, num_envs = len(rewards), len(rewards[0])
+    adv = [[0.0] * num_envs for _ in range(num_steps)]
+    for e in range(num_envs):
+        for t in range(num_steps):
+            if not valid[t][e]:
+                continue
+            total, discount = 0.0, 1.0
+            for k in range(t, num_steps):
+                v_next = values[k + 1][e] if k + 1 < num_steps else next_value[e]
+                total += discount * (rewards[k][e] + gamma * v_next * (0.0 if terms[k][e] else 1.0) - values[k][e])
+                if terms[k][e] or truncs[k][e]:
+                    break
+                discount *= gamma * lam
+            adv[t][e] = total
+    return adv
+
+
+def gae(rewards, values, next_value, terms, truncs, valid, gamma, lam):
+    f = torch.tensor
+    terms, truncs = f(terms, dtype=torch.float32), f(truncs, dtype=torch.float32)
+    return ppo.compute_gae(
+        f(rewards), f(values), f(next_value), terms, torch.maximum(terms, truncs), f(valid, dtype=torch.float32), gamma, lam
+    )
+
+
+def test_gae_by_hand_truncation_bootstraps_termination_does_not_reset_step_is_zero():
+    # t1 truncates: values[2] is V(real final obs); t2 is the reset step; t3 terminates
+    adv, ret = gae([[1.0], [1.0], [0.0], [1.0]], [[1.0], [2.0], [3.0], [4.0]], [5.0], [[0], [0], [0], [1]],
+                   [[0], [1], [0], [0]], [[1], [1], [0], [1]], gamma=0.5, lam=1.0)  # fmt: skip
+    assert adv[:, 0].tolist() == pytest.approx([1.25, 0.5, 0.0, -3.0])
+    assert ret[:, 0].tolist() == pytest.approx([2.25, 2.5, 3.0, 1.0])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_matches_reference_on_random_episodes(seed):
+    rng = np.random.default_rng(seed)
+    num_steps, num_envs = 40, 3
+    terms = rng.random((num_steps, num_envs)) < 0.08
+    truncs = (rng.random((num_steps, num_envs)) < 0.08) & ~terms
+    done = terms | truncs
+    valid = np.ones((num_steps, num_envs), dtype=bool)
+    valid[1:] = ~done[:-1]
+    valid[0] = rng.random(num_envs) < 0.7  # a rollout may start on a reset step
+    rewards = np.where(valid, rng.normal(size=(num_steps, num_envs)), 0.0)  # the reset step's reward is 0
+    values = rng.normal(size=(num_steps, num_envs))
+    next_value = rng.normal(size=num_envs)
+    args = (rewards.tolist(), values.tolist(), next_value.tolist(), terms.tolist(), truncs.tolist(), valid.tolist())
+    adv, ret = gae(*args, gamma=0.99, lam=0.95)
+    expected = np.array(reference_gae(*args, gamma=0.99, lam=0.95))
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret.numpy(), expected + values, rtol=1e-5, atol=1e-5)
+
+
+def test_episode_stats_across_termination_truncation_and_life_loss():
+    # env 0: 3 steps then terminated, reset step, 2 steps then truncated
+    # env 1 (Atari, episodic life): life lost at t1 (a training done, not an episode end), reset step, game over at t4
+    raw = np.array([[1, 0], [1, 5], [1, 0], [0, 2], [4, 3], [2, 0]], dtype=float)
+    valid = np.array([[1, 1], [1, 1], [1, 0], [0, 1], [1, 1], [1, 0]], dtype=bool)
+    end = np.array([[0, 0], [0, 0], [1, 0], [0, 0], [0, 1], [1, 0]], dtype=bool)
+    ep_return, ep_length, finished = np.zeros(2), np.zeros(2, dtype=np.int64), []
+    for t in range(6):
+        ep_return, ep_length, fin_r, fin_l = ppo.update_episode_stats(ep_return, ep_length, raw[t], valid[t], end[t])
+        finished += [(t, float(r), int(n)) for r, n in zip(fin_r, fin_l, strict=True)]
+    # env 1's game: 4 real steps (t0, t1, t3, t4; t2 is the reset step after the lost life), raw score 10
+    assert finished == [(2, 3.0, 3), (4, 10.0, 4), (5, 6.0, 2)]
+
+
+def test_episode_stats_give_envpool_breakout_full_game_score_and_length():
+    """With episodic life, a logged episode is the whole game: its length is envpool's own step count."""
+    envs, is_atari = ppo.make_env("Breakout-v5", 1, seed=3, episodic_life=True, reward_clip=True)
+    assert is_atari
+    envs.reset()
+    rng = np.random.default_rng(0)
+    ep_return, ep_length, valid = np.zeros(1), np.zeros(1, dtype=np.int64), np.ones(1, dtype=bool)
+    game_score, games, life_losses = 0.0, 0, 0
+    while games < 2:
+        _, reward, term, trunc, info = envs.step(rng.integers(0, 4, 1))
+        game_score += info["reward"][0]
+        end = info["terminated"].astype(bool) | trunc
+        life_losses += int(term[0] and not end[0])
+        ep_return, ep_length, fin_r, fin_l = ppo.update_episode_stats(ep_return, ep_length, info["reward"], valid, end)
+        assert np.all(reward <= 1.0)  # training reward is clipped, the logged one is not
+        if end[0]:
+            assert fin_r[0] == game_score and fin_l[0] == info["elapsed_step"][0]
+            game_score, games = 0.0, games + 1
+        valid = ~(term | trunc)
+    assert life_losses >= 4  # the games really crossed lost lives
+
+
+def test_running_mean_std_matches_numpy():
+    rng = np.random.default_rng(0)
+    rms = ppo.RunningMeanStd((3,), torch.device("cpu"))
+    batches = [rng.normal(loc=[1.0, -2.0, 5.0], scale=[0.5, 3.0, 1.0], size=(n, 3)) for n in (1, 7, 64, 5)]
+    for b in batches:
+        rms.update(torch.tensor(b))
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean.numpy(), data.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-4)
+    x = torch.tensor(rng.normal(size=(4, 3)))
+    expected = np.clip((x.numpy() - data.mean(0)) / np.sqrt(data.var(0) + 1e-8), -10, 10)
+    np.testing.assert_allclose(ppo.normalize_obs(x, rms).numpy(), expected, rtol=1e-3, atol=1e-4)
+
+
+def test_reward_scaling_uses_std_of_discounted_return_reset_at_done():
+    rng = np.random.default_rng(1)
+    gamma, num_steps, num_envs = 0.9, 30, 2
+    rewards = rng.normal(size=(num_steps, num_envs)) * 3
+    dones = rng.random((num_steps, num_envs)) < 0.1
+    rms = ppo.RunningMeanStd((), torch.device("cpu"))
+    ret_t = torch.zeros(num_envs, dtype=torch.float64)
+    ret, seen = np.zeros(num_envs), []
+    for t in range(num_steps):
+        scaled, ret_t = ppo.scale_reward(torch.tensor(rewards[t]), ret_t, torch.tensor(dones[t]), rms, gamma)
+        ret = ret * gamma + rewards[t]
+        seen.extend(ret)
+        np.testing.assert_allclose(scaled.numpy(), np.clip(rewards[t] / np.sqrt(np.var(seen) + 1e-8), -10, 10), rtol=1e-3)
+        ret = np.where(dones[t], 0.0, ret)
+        np.testing.assert_allclose(ret_t.numpy(), ret)
+
+
+def test_learning_rate_schedule():
+    assert ppo.annealed_lr(1e-3, 1, 10, True) == pytest.approx(1e-3)
+    assert ppo.annealed_lr(1e-3, 10, 10, True) == pytest.approx(1e-4)
+    assert ppo.annealed_lr(1e-3, 6, 10, True) == pytest.approx(5e-4)
+    assert ppo.annealed_lr(1e-3, 10, 10, False) == 1e-3
+
+
+def loss_and_grad(newlogprob, mask, advantages, **kw):
+    newlogprob = newlogprob.clone().requires_grad_(True)
+    n = len(newlogprob)
+    loss, stats = ppo.ppo_loss(
+        newlogprob, torch.zeros(n), torch.ones(n), torch.zeros(n), torch.zeros(n), advantages, torch.ones(n), mask,
+        clip_coef=0.2, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, norm_adv=kw.get("norm_adv", True),
+    )  # fmt: skip
+    loss.backward()
+    return loss.detach(), stats, newlogprob.grad
+
+
+def test_ppo_loss_ignores_masked_entries():
+    newlogprob, adv = torch.tensor([0.1, -0.3, 0.05, 9.0]), torch.tensor([1.0, -2.0, 0.5, 100.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    loss, stats, grad = loss_and_grad(newlogprob, mask, adv)
+    loss_ref, stats_ref, grad_ref = loss_and_grad(newlogprob[:3], torch.ones(3), adv[:3])
+    assert loss == pytest.approx(loss_ref.item())
+    np.testing.assert_allclose(stats.numpy(), stats_ref.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(grad[:3].numpy(), grad_ref.numpy(), rtol=1e-6)
+    assert grad[3] == 0
+
+
+def test_ppo_loss_clips_the_ratio():
+    # ratio e^0.5 > 1.2 with a positive advantage: the clipped branch is taken and carries no gradient
+    _, stats, grad = loss_and_grad(torch.tensor([0.5, 0.0]), torch.ones(2), torch.tensor([1.0, 1.0]), norm_adv=False)
+    assert grad[0] == 0 and grad[1] != 0
+    assert stats[4] == pytest.approx(0.5)  # clip fraction
+    assert stats[0] == pytest.approx(-(1.2 + 1.0) / 2)  # policy loss: mean of -min(ratio * A, clip(ratio) * A)
+
+
+def test_make_env_autoresets_on_the_next_step_for_envpool_and_gymnasium(monkeypatch):
+    """The convention the rollout relies on: after done, one reset step with reward 0 and no done."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
+    for env_id in ("CartPole-v1", "corridor_env:Corridor-v0"):
+        envs, _ = ppo.make_env(env_id, 1, seed=0, episodic_life=False, reward_clip=False)
+        envs.reset()
+        action = np.ones(1, dtype=np.int64)
+        done_at = None
+        for t in range(600):
+            obs, reward, term, trunc, _ = envs.step(action)
+            if done_at is not None:
+                assert reward[0] == 0 and not (term[0] or trunc[0])
+                break
+            if term[0] or trunc[0]:
+                done_at = t
+        assert done_at is not None
+        envs.close()
+
+
+def test_presets_set_real_flags_and_a_given_flag_wins():
+    for preset in ppo.PRESETS.values():
+        assert set(preset) <= set(ppo.Args.__annotations__)
+    assert ppo.parse_args(["--env-id", "Breakout-v5"]).clip_coef == 0.1  # auto: image observations
+    assert ppo.parse_args(["--env-id", "Pendulum-v1"]).norm_obs  # auto: Box actions
+    assert ppo.parse_args(["--env-id", "CartPole-v1"]).num_steps == 128
+    assert ppo.parse_args(["--env-id", "Breakout-v5", "--clip-coef", "0.3"]).clip_coef == 0.3
+    assert ppo.parse_args(["--env-id", "CartPole-v1", "--preset", "mujoco"]).num_steps == 2048

@@ -1,0 +1,123 @@
+"""ppo.py end to end: each env family, save + reload, video, seeding, bad input, stop and resume."""
+
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, only_run, run_algorithm, scalars, values
+
+TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "eval/episodic_return",
+}
+
+
+@pytest.mark.parametrize(
+    "env_id, flags",
+    [
+        ("CartPole-v1", ["--total-timesteps", "2048", "--capture-video"]),
+        ("Pendulum-v1", ["--total-timesteps", "4096", "--num-steps", "1024", "--update-epochs", "2"]),
+        ("Breakout-v5", "--total-timesteps 256 --num-envs 2 --num-steps 64 --update-epochs 1 --eval-episodes 1".split()),
+        ("corridor_env:Corridor-v0", ["--total-timesteps", "2048"]),  # a gymnasium env envpool lacks
+    ],
+)
+def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_env):
+    proc = run_algorithm("ppo", "--env-id", env_id, "--save-model", *flags, cwd=tmp_path, env=test_env)
+    run = only_run(tmp_path)
+    assert f"model: {run.relative_to(tmp_path) / 'ppo.model'}" in proc.stdout
+    assert "tensorboard logs:" in proc.stdout.splitlines()[-1]
+    # 256 Breakout steps end no game; test_episodic_return_is_the_raw_atari_score covers its episodes
+    expected = TAGS - {"charts/episodic_return", "charts/episodic_length"} if env_id == "Breakout-v5" else TAGS
+    assert expected <= set(scalars(run))
+    model = torch.load(run / "ppo.model", weights_only=False)
+    assert model["args"]["env_id"] == env_id
+    # MuJoCo-style runs carry their observation statistics, moved away from their initial values
+    assert (model["obs_rms"] is not None) == (env_id == "Pendulum-v1")
+    if model["obs_rms"] is not None:
+        assert model["obs_rms"]["count"] > 4096 and model["obs_rms"]["mean"].abs().sum() > 0
+    if "--capture-video" in flags:
+        assert (run / "videos" / "final.mp4").stat().st_size > 1000
+
+
+def test_episodic_return_is_the_raw_atari_score(tmp_path):
+    """Breakout's clipped training reward is at most 1 per step; the logged return counts the bricks' raw points."""
+    run_algorithm("ppo", *"--env-id Breakout-v5 --total-timesteps 4096 --num-envs 4 --num-steps 128 --update-epochs 1".split(),
+                  cwd=tmp_path)  # fmt: skip
+    lengths = values(only_run(tmp_path), "charts/episodic_length")
+    # full games of a near-random policy, not single lives: a life of random Breakout lasts under 100 steps
+    assert len(lengths) > 0 and min(lengths) > 100
+
+
+def test_same_seed_same_run_on_cpu(tmp_path):
+    tags = ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")
+    runs = []
+    for i, seed in enumerate((7, 7, 8)):
+        run_algorithm("ppo", "--seed", str(seed), "--total-timesteps", "3072", "--exp-name", f"s{i}", cwd=tmp_path)
+        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
+        runs.append([values(run, t) for t in tags])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def write_foreign_checkpoint(path):
+    torch.save({"args": {"env_id": "Acrobot-v1"}, "model": {}}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
+        (["--num-minibatches", "3"], r"512 does not divide into 3 minibatches"),
+        (["--total-timesteps", "100"], r"less than one rollout"),
+        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
+        (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
+        (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
+    proc = run_algorithm("ppo", *flags, cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("ppo.py: error:")]
+    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
+    """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
+    purges the events logged after it. Either way the curve has every iteration exactly once."""
+    total, batch = 30720, 512
+    cmd = [sys.executable, str(ROOT / "algorithms" / "ppo.py"), "--total-timesteps", str(total), "--progress-interval", "0"]
+    cmd += ["--checkpoint-every", "5120"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
+        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 8192:
+            proc.send_signal(sig)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode in (128 + sig, -sig)
+    run = only_run(tmp_path)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert 5120 <= ckpt["global_step"] < total
+    resumed = run_algorithm("ppo", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
+    assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
+    assert only_run(tmp_path) == run  # the same tensorboard run goes on
+    steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
+    assert steps == list(range(batch, total + 1, batch))
+    # the schedule went on from the checkpoint: the last learning rate is the last iteration's
+    assert values(run, "charts/learning_rate")[-1] == pytest.approx(2.5e-4 / (total // batch))
