@@ -176,7 +176,6 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
         **render_kwargs,
     )
     envs.reset(seed=seed)
-    envs.action_space.seed(seed)
     return envs, False
 
 
@@ -558,6 +557,8 @@ def main(args: Args) -> None:
         random.setstate(ckpt["rng"]["python"])
         np.random.set_state(ckpt["rng"]["numpy"])
         torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
         print(f"resumed {run_dir} at step {global_step:,}")
 
     # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
@@ -573,6 +574,7 @@ def main(args: Args) -> None:
 
     def checkpoint_state(iteration: int) -> dict:
         rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+        rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
         return dict(
             args=dataclasses.asdict(args),
             run_name=run_name,

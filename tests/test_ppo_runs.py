@@ -28,7 +28,7 @@ TAGS = {
 @pytest.mark.parametrize(
     "env_id, flags",
     [
-        ("CartPole-v1", ["--total-timesteps", "2048", "--capture-video"]),
+        ("CartPole-v1", ["--total-timesteps", "2048", "--capture-video", "--eval-every", "1024", "--eval-episodes", "3"]),
         ("Pendulum-v1", ["--total-timesteps", "4096", "--num-steps", "1024", "--update-epochs", "2"]),
         ("Breakout-v5", "--total-timesteps 256 --num-envs 2 --num-steps 64 --update-epochs 1 --eval-episodes 1".split()),
         ("corridor_env:Corridor-v0", ["--total-timesteps", "2048"]),  # a gymnasium env envpool lacks
@@ -48,6 +48,9 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
     assert (model["obs_rms"] is not None) == (env_id == "Pendulum-v1")
     if model["obs_rms"] is not None:
         assert model["obs_rms"]["count"] > 4096 and model["obs_rms"]["mean"].abs().sum() > 0
+    if "--eval-every" in flags:  # two periodic evaluations (their means), then the final one's three episodes
+        assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [1024, 2048, 2048, 2048, 2048]
+        assert {p.name for p in (run / "videos").iterdir()} == {"eval_1024.mp4", "eval_2048.mp4", "final.mp4"}
     if "--capture-video" in flags:
         assert (run / "videos" / "final.mp4").stat().st_size > 1000
 
