@@ -27,6 +27,11 @@ test: install
 test-fast: install
 	$(PYTHON) -m pytest tests -q -m "not learning"
 
+# a small real benchmark end to end: 2 envs x 2 seeds of PPO at 50k steps, then its plots and table
+bench: install
+	$(PYTHON) benchmark/run.py --algo ppo --name bench_smoke --env-ids CartPole-v1 Acrobot-v1 --seeds 2 -- --total-timesteps 50000
+	$(PYTHON) benchmark/report.py benchmark/runs/bench_smoke
+
 lint:
 	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .
 

@@ -1,4 +1,6 @@
-"""Read scalars out of a run's tensorboard event files: shared by the tests and the benchmark reports."""
+"""Read scalars out of a run's tensorboard event files: shared by the tests and the benchmark reports.
+
+Imported as `tblog` (benchmark/ is on the path of its scripts, and on pytest's through pytest.ini)."""
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.tblog import read_scalars
+from tblog import read_scalars
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,157 @@
+"""Turn a benchmark folder (from benchmark/run.py) into learning-curve plots and a markdown table.
+
+    python benchmark/report.py benchmark/runs/ppo_classic --out benchmark/results/ppo_classic
+
+Writes returns_vs_steps.png and returns_vs_time.png (one panel per env: mean over seeds, shaded +- one standard
+deviation) and report.md: per env, the mean and standard deviation over seeds of each run's mean return over its
+last 100 training episodes (the definition of CleanRL and openrlbenchmark), SPS, wall time, and the reference from
+benchmark/references.csv with its source. A run that crashed or logged no episode is listed as such, never
+averaged in.
+"""
+
+import argparse
+import csv
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from tblog import read_scalars
+
+HERE = Path(__file__).resolve().parent
+LAST_EPISODES = 100
+
+
+def load_references(path: Path = HERE / "references.csv") -> dict[tuple[str, str], dict]:
+    with open(path) as f:
+        return {(r["algo"], r["env_id"]): r for r in csv.DictReader(f)}
+
+
+def summarise_run(bench_dir: Path, job: dict) -> dict:
+    """One run's outcome: its episodes (step, return, seconds since start), final score, SPS, or why it has none."""
+    out = {"env_id": job["env_id"], "seed": job["seed"], "problem": None}
+    if job.get("status") != "done":
+        out["problem"] = f"crashed (exit {job.get('returncode')})" if job.get("status") == "failed" else job.get("status")
+        return out
+    scalars = read_scalars(str(bench_dir / job["run_dir"])) if job.get("run_dir") else {}
+    episodes = scalars.get("charts/episodic_return", [])
+    if not episodes:
+        out["problem"] = "no episodes logged"
+        return out
+    t0 = min(w for tag in scalars.values() for _, _, w in tag)
+    out["steps"] = np.array([s for s, _, _ in episodes], dtype=float)
+    out["returns"] = np.array([v for _, v, _ in episodes])
+    out["seconds"] = np.array([w - t0 for _, _, w in episodes])
+    out["final"] = float(out["returns"][-LAST_EPISODES:].mean())
+    out["sps"] = scalars["charts/SPS"][-1][1] if "charts/SPS" in scalars else float("nan")
+    out["wall"] = job["end"] - job["start"]
+    out["total_steps"] = max(s for tag in scalars.values() for s, _, _ in tag)
+    return out
+
+
+def compare(mean: float, std: float, ref: dict | None) -> str:
+    """Short of the reference beyond both spreads, or not."""
+    if ref is None or ref["mean"] == "":
+        return "no reference"
+    ref_mean, ref_std = float(ref["mean"]), float(ref["std"] or 0.0)
+    return "**short of reference**" if mean + std < ref_mean - ref_std else "ok"
+
+
+def table(algo: str, runs: list[dict], references: dict) -> str:
+    lines = [
+        f"# {algo}: mean return of the last {LAST_EPISODES} training episodes, mean +- std over seeds",
+        "",
+        "| env | seeds ok | return | SPS | wall time | steps | reference | source | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    problems = []
+    for env_id in dict.fromkeys(r["env_id"] for r in runs):
+        env_runs = [r for r in runs if r["env_id"] == env_id]
+        ok = [r for r in env_runs if r["problem"] is None]
+        problems += [f"- {env_id} seed {r['seed']}: {r['problem']}" for r in env_runs if r["problem"]]
+        ref = references.get((algo, env_id))
+        ref_text = f"{ref['mean']}" + (f" +- {ref['std']}" if ref and ref["std"] else "") if ref else "-"
+        source = f"{ref['source']} ({int(ref['steps']):,} steps)" if ref else "-"
+        if not ok:
+            lines.append(f"| {env_id} | 0/{len(env_runs)} | no result | - | - | - | {ref_text} | {source} | **failed** |")
+            continue
+        finals = np.array([r["final"] for r in ok])
+        mean, std = finals.mean(), finals.std()
+        verdict = compare(mean, std, ref) if len(ok) == len(env_runs) else f"{compare(mean, std, ref)}; runs missing"
+        lines.append(
+            f"| {env_id} | {len(ok)}/{len(env_runs)} | {mean:.1f} +- {std:.1f} | {np.mean([r['sps'] for r in ok]):,.0f} "
+            f"| {np.mean([r['wall'] for r in ok]) / 60:.1f} min | {int(np.mean([r['total_steps'] for r in ok])):,} "
+            f"| {ref_text} | {source} | {verdict} |"
+        )
+    if problems:
+        lines += ["", "Runs without a result (not averaged in):", *problems]
+    return "\n".join(lines) + "\n"
+
+
+def smoothed_curve(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: int = 20) -> np.ndarray:
+    """Rolling mean over `window` episodes, interpolated onto a common grid (NaN outside the run's range)."""
+    kernel = np.ones(min(window, len(y))) / min(window, len(y))
+    smooth = np.convolve(y, kernel, mode="valid")
+    xs = x[len(x) - len(smooth) :]
+    return np.interp(grid, xs, smooth, left=np.nan, right=np.nan)
+
+
+def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    env_ids = list(dict.fromkeys(r["env_id"] for r in runs))
+    fig, axes = plt.subplots(1, len(env_ids), figsize=(4.5 * len(env_ids), 3.6), squeeze=False)
+    for ax, env_id in zip(axes[0], env_ids, strict=True):
+        ok = [r for r in runs if r["env_id"] == env_id and r["problem"] is None]
+        ax.set_title(env_id)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("episodic return")
+        if ok:
+            grid = np.linspace(0, max(r[x_key][-1] for r in ok), 200)
+            curves = np.array([smoothed_curve(r[x_key], r["returns"], grid) for r in ok])
+            with warnings.catch_warnings():  # grid points past a shorter run are NaN for it: "mean of empty slice"
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean, std = np.nanmean(curves, 0), np.nanstd(curves, 0)
+            ax.plot(grid, mean, label=f"{algo} ({len(ok)} seeds)")
+            ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
+        ref = references.get((algo, env_id))
+        if ref and ref["mean"] != "":
+            ax.axhline(float(ref["mean"]), color="k", linestyle="--", linewidth=1, label="reference")
+        failed = [r for r in runs if r["env_id"] == env_id and r["problem"]]
+        if failed:
+            ax.text(0.02, 0.02, f"{len(failed)} run(s) without result", transform=ax.transAxes, color="red")
+        ax.legend(loc="lower right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bench_dir", help="a folder written by benchmark/run.py")
+    p.add_argument("--out", default=None, help="where the report goes (default: the benchmark folder)")
+    p.add_argument("--references", default=str(HERE / "references.csv"), help="reference figures (csv)")
+    args = p.parse_args(argv)
+    bench_dir = Path(args.bench_dir)
+    if not (bench_dir / "status.json").is_file():
+        p.error(f"{bench_dir} has no status.json; pass a folder written by benchmark/run.py")
+    out = Path(args.out) if args.out else bench_dir
+    out.mkdir(parents=True, exist_ok=True)
+    algo = json.loads((bench_dir / "bench.json").read_text())["algo"]
+    references = load_references(Path(args.references))
+    runs = [summarise_run(bench_dir, job) for job in json.loads((bench_dir / "status.json").read_text())]
+    (out / "report.md").write_text(table(algo, runs, references))
+    plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png")
+    plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png")
+    print((out / "report.md").read_text())
+    print(f"plots: {out / 'returns_vs_steps.png'}, {out / 'returns_vs_time.png'}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Run one algorithm over envs x seeds, a few runs at a time, each logging to its own tensorboard directory.
+
+    python benchmark/run.py --algo ppo --env-ids CartPole-v1 Acrobot-v1 --seeds 3 -- --total-timesteps 500000
+
+Everything after `--` goes to every run. The benchmark folder (benchmark/runs/<name>/ by default) holds runs/
+(the scripts' own run directories), logs/ (each run's output), bench.json (what was asked) and status.json
+(each run's state, exit code and times). `python benchmark/report.py <folder>` turns it into plots and a table.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ETA_RE = re.compile(r"step ([\d,]+)/([\d,]+).*ETA (\d+)m(\d+)s")
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algo", required=True, help="script name in algorithms/, e.g. ppo")
+    p.add_argument("--env-ids", nargs="+", required=True, help="env ids to run")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 1..N per env")
+    p.add_argument("--name", default=None, help="benchmark folder name (default: <algo>_<unix time>)")
+    p.add_argument("--out", default=str(ROOT / "benchmark" / "runs"), help="parent folder of benchmark folders")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at the same time")
+    p.add_argument(
+        "--threads", type=int, default=1, help="OMP_NUM_THREADS per run (torch's threads spin when cores are shared)"
+    )
+    p.add_argument("--status-interval", type=float, default=10.0, help="seconds between status views")
+    args = p.parse_args(argv)
+    script = ROOT / "algorithms" / f"{args.algo}.py"
+    if not script.is_file():
+        known = sorted(s.stem for s in (ROOT / "algorithms").glob("*.py"))
+        p.error(f"no algorithms/{args.algo}.py; known: {', '.join(known)}")
+    if args.seeds < 1 or args.jobs < 1:
+        p.error("--seeds and --jobs must be at least 1")
+    return args, extra
+
+
+def format_seconds(s: float) -> str:
+    s = int(max(s, 0))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def run_eta(log_path: Path) -> str:
+    """The last progress line's step and ETA, as the script printed them."""
+    matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
+    if not matches:
+        return "starting"
+    step, total, m, s = matches[-1]
+    return f"step {step}/{total}, ETA {m}m{s}s"
+
+
+def eta_seconds(log_path: Path) -> float | None:
+    matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
+    return int(matches[-1][2]) * 60 + int(matches[-1][3]) if matches else None
+
+
+def status_view(jobs: list[dict], bench_dir: Path, num_slots: int) -> str:
+    counts = {s: sum(j["status"] == s for j in jobs) for s in ("done", "failed", "running", "waiting")}
+    durations = [j["end"] - j["start"] for j in jobs if j["status"] == "done"]
+    running_left = [eta_seconds(bench_dir / j["log"]) for j in jobs if j["status"] == "running"]
+    per_run = sum(durations) / len(durations) if durations else max([e for e in running_left if e] or [0])
+    # the waiting runs queue behind the running ones, num_slots at a time
+    eta = max([e or 0 for e in running_left] or [0]) + counts["waiting"] * per_run / num_slots
+    lines = [
+        f"[{time.strftime('%H:%M:%S')}] done {counts['done']}/{len(jobs)} | failed {counts['failed']} | "
+        f"running {counts['running']} | waiting {counts['waiting']} | ETA {format_seconds(eta)}"
+    ]
+    for j in jobs:
+        if j["status"] == "running":
+            lines.append(f"  running {j['env_id']} seed {j['seed']}: {run_eta(bench_dir / j['log'])}")
+        elif j["status"] == "failed":
+            lines.append(f"  failed  {j['env_id']} seed {j['seed']}: exit {j['returncode']}, see {j['log']}")
+    return "\n".join(lines)
+
+
+def find_run_dir(bench_dir: Path, algo: str, env_id: str, seed: int) -> str | None:
+    safe_id = env_id.replace("/", "-").replace(":", "-")
+    found = sorted((bench_dir / "runs").glob(f"{safe_id}__{algo}__{seed}__*"))
+    return str(found[-1].relative_to(bench_dir)) if found else None
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args, extra = parse_args(argv)
+    bench_dir = Path(args.out) / (args.name or f"{args.algo}_{int(time.time())}")
+    (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
+    meta = {"algo": args.algo, "env_ids": args.env_ids, "seeds": list(range(1, args.seeds + 1)), "extra_args": extra}
+    (bench_dir / "bench.json").write_text(json.dumps(meta, indent=2))
+    jobs = [
+        {"env_id": e, "seed": s, "status": "waiting", "log": f"logs/{e.replace('/', '-')}__{s}.log"}
+        for e in args.env_ids
+        for s in meta["seeds"]
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    procs: dict[int, subprocess.Popen] = {}
+    last_view = 0.0
+
+    def save_status():
+        (bench_dir / "status.json").write_text(json.dumps(jobs, indent=2))
+
+    print(f"benchmark folder: {bench_dir}")
+    try:
+        while any(j["status"] in ("waiting", "running") for j in jobs):
+            for i, j in enumerate(jobs):  # collect finished runs
+                if i in procs and procs[i].poll() is not None:
+                    j["returncode"], j["end"] = procs.pop(i).returncode, time.time()
+                    j["status"] = "done" if j["returncode"] == 0 else "failed"
+                    j["run_dir"] = find_run_dir(bench_dir, args.algo, j["env_id"], j["seed"])
+            for i, j in enumerate(jobs):  # start waiting ones while slots are free
+                if j["status"] == "waiting" and len(procs) < args.jobs:
+                    cmd = [sys.executable, str(ROOT / "algorithms" / f"{args.algo}.py"), "--env-id", j["env_id"]]
+                    cmd += ["--seed", str(j["seed"]), "--exp-name", args.algo, *extra]
+                    with open(bench_dir / j["log"], "w") as log:
+                        procs[i] = subprocess.Popen(cmd, cwd=bench_dir, stdout=log, stderr=subprocess.STDOUT, env=env)
+                    j.update(status="running", start=time.time(), command=" ".join(cmd[1:]))
+            save_status()
+            if time.time() - last_view >= args.status_interval:
+                last_view = time.time()
+                print(status_view(jobs, bench_dir, args.jobs), flush=True)
+            time.sleep(0.5)
+    except KeyboardInterrupt:  # the scripts checkpoint on SIGTERM; say how to go on
+        for p in procs.values():
+            p.terminate()
+        for i, p in procs.items():
+            jobs[i].update(status="failed", returncode=p.wait(), end=time.time())
+        save_status()
+        print(f"interrupted; finished runs are in {bench_dir}")
+        raise SystemExit(130) from None
+    save_status()
+    print(status_view(jobs, bench_dir, args.jobs))
+    print(f"report: python benchmark/report.py {bench_dir}")
+    return bench_dir
+
+
+if __name__ == "__main__":
+    main()

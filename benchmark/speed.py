@@ -1,0 +1,103 @@
+"""Each script's training SPS against envpool's own random-action throughput for the same env and number of envs.
+
+    python benchmark/speed.py                   # every configuration below, into benchmark/results/speed.md
+    python benchmark/speed.py --only ppo        # one algorithm's rows
+
+The fraction (script SPS / env SPS) is the share of the env's speed the learner keeps: the figure to watch when
+changing a hot loop. Run it on a quiet machine: other processes on the same cores distort both figures.
+"""
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+
+from tblog import read_scalars
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (algo, env_id, num_envs, steps to train): the sizes of each algorithm's preset for that env
+CONFIGS = [
+    ("ppo", "CartPole-v1", 4, 102_400),
+    ("ppo", "Breakout-v5", 8, 16_384),
+]
+
+
+def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
+    """envpool stepping random actions as fast as it can, in env steps (summed over envs) per second."""
+    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=0)
+    envs.reset()
+    space = envs.action_space
+    rng = np.random.default_rng(0)
+
+    def random_actions():
+        if isinstance(space, gym.spaces.Discrete):
+            return rng.integers(0, space.n, num_envs)
+        return rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(np.float32)
+
+    for _ in range(20):  # warm-up
+        envs.step(random_actions())
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        envs.step(random_actions())
+        steps += num_envs
+    envs.close()
+    return steps / (time.perf_counter() - start)
+
+
+def script_sps(algo: str, env_id: str, num_envs: int, steps: int) -> float:
+    """The SPS a training run logs last (its mean over the run, evaluation excluded)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(ROOT / "algorithms" / f"{algo}.py"), "--env-id", env_id]
+        cmd += ["--num-envs", str(num_envs), "--total-timesteps", str(steps)]
+        subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True)
+        (run,) = (Path(tmp) / "runs").iterdir()
+        return read_scalars(str(run))["charts/SPS"][-1][1]
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="*", default=None, help="rows to measure, as ALGO or ALGO:ENV_ID (default: all)")
+    p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every training budget (e.g. 0.1 to try)")
+    p.add_argument("--env-seconds", type=float, default=5.0, help="seconds of random stepping per env")
+    p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "speed.md"), help="markdown file to write")
+    args = p.parse_args(argv)
+    configs = [c for c in CONFIGS if args.only is None or c[0] in args.only or f"{c[0]}:{c[1]}" in args.only]
+    rows = []
+    for algo, env_id, num_envs, steps in configs:
+        budget = max(int(steps * args.steps_scale), 1)
+        learner = script_sps(algo, env_id, num_envs, budget)
+        env = env_sps(env_id, num_envs, args.env_seconds)
+        rows.append(f"| {algo}.py | {env_id} | {num_envs} | {budget:,} | {learner:,.0f} | {env:,.0f} | {learner / env:.1%} |")
+        print(rows[-1], flush=True)
+    cpu = platform.processor() or platform.machine()
+    text = "\n".join(
+        [
+            "# Learner speed against the env's own speed",
+            "",
+            f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}, "
+            f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}. "
+            "Command: `python benchmark/speed.py`.",
+            "",
+            "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

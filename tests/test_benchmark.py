@@ -1,0 +1,81 @@
+"""benchmark/: the runner on tiny real runs, the report on hand-made event files with known values."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from benchmark import report, run, speed
+
+
+def test_runner_runs_envs_x_seeds_and_report_reads_them(tmp_path, capsys):
+    bench = run.main(
+        ["--algo", "ppo", "--env-ids", "CartPole-v1", "Acrobot-v1", "--seeds", "2", "--out", str(tmp_path),
+         "--name", "tiny", "--status-interval", "0", "--", "--total-timesteps", "2048"]
+    )  # fmt: skip
+    status = json.loads((bench / "status.json").read_text())
+    assert [(j["env_id"], j["seed"], j["status"]) for j in status] == [
+        ("CartPole-v1", 1, "done"), ("CartPole-v1", 2, "done"), ("Acrobot-v1", 1, "done"), ("Acrobot-v1", 2, "done")
+    ]  # fmt: skip
+    assert all((bench / j["run_dir"]).is_dir() for j in status)
+    assert "done 4/4" in capsys.readouterr().out
+    out = report.main([str(bench), "--out", str(tmp_path / "report")])
+    text = (out / "report.md").read_text()
+    assert re.search(r"\| CartPole-v1 \| 2/2 \| [\d.]+ \+- [\d.]+ \|", text)
+    assert (out / "returns_vs_steps.png").stat().st_size > 10_000 and (out / "returns_vs_time.png").is_file()
+
+
+def test_runner_reports_a_crashed_run(tmp_path):
+    bench = run.main(["--algo", "ppo", "--env-ids", "NoSuchEnv-v0", "--seeds", "1", "--out", str(tmp_path), "--name", "x"])
+    (job,) = json.loads((bench / "status.json").read_text())
+    assert job["status"] == "failed" and job["returncode"] != 0
+    assert "unknown env id" in (bench / job["log"]).read_text()
+
+
+def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0) -> dict:
+    run_dir = f"runs/{env_id}__ppo__{seed}__1"
+    writer = SummaryWriter(str(bench / run_dir))
+    for i, r in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", r, 100 * (i + 1))
+    writer.add_scalar("charts/SPS", sps, 100 * len(returns))
+    writer.close()
+    return {"env_id": env_id, "seed": seed, "status": "done", "returncode": 0, "start": 0.0, "end": 60.0, "run_dir": run_dir}
+
+
+@pytest.fixture
+def hand_made_bench(tmp_path):
+    """CartPole-v1: seeds whose last-100 means are exactly 480 and 500; Acrobot-v1: one good seed, one crash,
+    one run with no episode; MountainCar-v0: far below its reference."""
+    bench = tmp_path / "bench"
+    jobs = [
+        write_run(bench, "CartPole-v1", 1, [0.0] * 50 + [480.0] * 100),  # the first 50 fall outside the last 100
+        write_run(bench, "CartPole-v1", 2, [500.0] * 120, sps=3000.0),
+        write_run(bench, "Acrobot-v1", 1, [-90.0] * 10),
+        {"env_id": "Acrobot-v1", "seed": 2, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
+        write_run(bench, "Acrobot-v1", 3, []),
+        write_run(bench, "MountainCar-v0", 1, [-500.0] * 10),
+    ]
+    (bench / "status.json").write_text(json.dumps(jobs))
+    (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
+    return bench
+
+
+def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
+    text = (report.main([str(hand_made_bench), "--out", str(tmp_path / "r")]) / "report.md").read_text()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    assert rows["CartPole-v1"][1:4] == ["2/2", "490.0 +- 10.0", "2,000"]  # mean and population std over seeds; SPS
+    assert rows["CartPole-v1"][-1].startswith("ok")  # 490 +- 10 is within the reference's 490.0 +- 6.1
+    assert rows["Acrobot-v1"][1:3] == ["1/3", "-90.0 +- 0.0"] and "runs missing" in rows["Acrobot-v1"][-1]
+    assert "Acrobot-v1 seed 2: crashed (exit 1)" in text and "Acrobot-v1 seed 3: no episodes logged" in text
+    assert "short of reference" in rows["MountainCar-v0"][-1]
+
+
+def test_speed_row_compares_the_learner_with_the_env(tmp_path):
+    flags = ["--only", "ppo:CartPole-v1", "--steps-scale", "0.02", "--env-seconds", "0.5"]
+    text = speed.main([*flags, "--out", str(tmp_path / "s.md")])
+    (row,) = [line for line in text.splitlines() if line.startswith("| ppo.py")]
+    cells = row.strip("|").split(" | ")
+    learner, env = (float(c.replace(",", "")) for c in cells[4:6])
+    assert 0 < learner < env and cells[6].strip(" |") == f"{learner / env:.1%}"
