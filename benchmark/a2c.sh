@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A2C: the exact commands that reproduce rl-baselines3-zoo's published A2C results, 3 seeds each.
+# Each run logs to runs/<env>__a2c__<seed>__<time>/; the reference figures live in benchmark/references.csv.
+# Hyperparameters: SB3's A2C defaults plus the env's entry in the zoo's hyperparams/a2c.yml, which a2c.py's
+# presets hold (classic: CartPole-v1's entry; Acrobot-v1 and MountainCar-v0 add 16 envs and `normalize: true`,
+# observations and rewards, below; atari; mujoco: `normalize` there is observations only).
+#
+#   env               steps  preset   reference (rl-baselines3-zoo benchmark.md, mean +- std of the final agent)
+#   CartPole-v1       500k   classic  500.0 +- 0.0
+#   Acrobot-v1        500k   classic  -83.4 +- 17.2     (16 envs, normalisation)
+#   MountainCar-v0    1M     classic  -111.3 +- 24.1    (16 envs, normalisation)
+#   Pong-v5           10M    atari    17.3 +- 3.2       (PongNoFrameskip-v4 there)
+#   Breakout-v5       10M    atari    279.8 +- 122.2    (BreakoutNoFrameskip-v4 there)
+#   BeamRider-v5      10M    atari    2890 +- 1379      (BeamRiderNoFrameskip-v4 there)
+#   HalfCheetah-v4    1M     mujoco   3041 +- 157       (HalfCheetah-v3 there)
+#   Hopper-v4         1M     mujoco   733 +- 377        (Hopper-v3 there)
+#   Walker2d-v4       1M     mujoco   582               (Walker2d-v3; figure from issue 5; the zoo's sb3/a2c-Walker2d-v3
+#                                                        model card on the Hugging Face Hub says 577.5 +- 43.8)
+#
+# The zoo's figures are one trained agent per env, evaluated after training (sampled actions on Atari, the greedy
+# policy elsewhere, hence --eval-deterministic below): compare them with the final `eval/episodic_return` of
+# these runs (the saved model, reloaded), or with the last training returns. The zoo's Atari envs are NoFrameskip-v4 under SB3's AtariWrapper (no sticky actions, up to 30
+# no-ops, FIRE on reset, life loss ends the training episode, clipped rewards): envpool's -v5 defaults here.
+#
+# Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all]   (SEEDS="1 2 3" by default)
+# Classic control takes about a minute a run on a 2-core CPU (CartPole-v1); Atari 10M steps wants a GPU; MuJoCo's
+# 1 env x 5 steps makes 200k updates of a small batch, which runs no faster on a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS="${SEEDS:-1 2 3}"
+family="${1:-classic}"
+
+run() {  # run ENV [FLAGS...]: the preset is chosen from the env's spaces (--preset auto); the budget is the preset's
+  local env=$1
+  shift
+  for seed in $SEEDS; do python algorithms/a2c.py --env-id "$env" --seed "$seed" --eval-every 0 --save-model "$@"; done
+}
+
+if [[ $family == classic || $family == all ]]; then
+  run CartPole-v1 --eval-deterministic
+  run Acrobot-v1 --eval-deterministic --num-envs 16 --norm-obs --norm-reward
+  run MountainCar-v0 --eval-deterministic --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
+fi
+if [[ $family == atari || $family == all ]]; then
+  for env in Pong-v5 Breakout-v5 BeamRider-v5; do run "$env"; done
+fi
+if [[ $family == mujoco || $family == all ]]; then
+  for env in HalfCheetah-v4 Hopper-v4 Walker2d-v4; do run "$env" --eval-deterministic; done
+fi

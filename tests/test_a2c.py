@@ -1,0 +1,294 @@
+"""a2c.py: n-step returns, the loss (and its equality with PPO's at ratio 1), RMSprop, runs end to end, learning."""
+
+import re
+import signal
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+
+a2c = load_algorithm("a2c")
+ppo = load_algorithm("ppo")
+
+TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "eval/episodic_return",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# n-step returns
+# ---------------------------------------------------------------------------------------------------------------
+def reference_nstep_returns(rewards, values, next_value, terms, truncs, valid, gamma):
+    """Discounted rewards up to the episode's end or the rollout's, one env at a time; bootstrap with the value of
+    the next observation unless the episode terminated."""
+    num_steps, num_envs = len(rewards), len(rewards[0])
+    returns = [[values[t][e] for e in range(num_envs)] for t in range(num_steps)]  # reset steps: no advantage
+    for e in range(num_envs):
+        for t in range(num_steps):
+            if not valid[t][e]:
+                continue
+            total, discount = 0.0, 1.0
+            for k in range(t, num_steps):
+                total += discount * rewards[k][e]
+                discount *= gamma
+                if terms[k][e]:
+                    break
+                if truncs[k][e] or k == num_steps - 1:
+                    total += discount * (values[k + 1][e] if k + 1 < num_steps else next_value[e])
+                    break
+            returns[t][e] = total
+    return returns
+
+
+def nstep(rewards, values, next_value, terms, truncs, valid, gamma):
+    f = torch.tensor
+    terms, truncs = f(terms, dtype=torch.float32), f(truncs, dtype=torch.float32)
+    valid = f(valid, dtype=torch.float32)
+    dones = torch.maximum(terms, truncs)
+    return a2c.compute_gae(f(rewards), f(values), f(next_value), terms, dones, valid, gamma, a2c.Args.gae_lambda)
+
+
+def test_nstep_returns_by_hand_across_truncation_reset_step_and_termination():
+    # env 0: t1 truncates (values[2] is V(real final obs)), t2 is the reset step, t4 terminates; env 1 runs on
+    # and bootstraps from next_value
+    rewards = [[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0], [2.0, 1.0]]
+    vals = [[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [4.0, 0.0], [5.0, 0.0]]
+    terms = [[0, 0], [0, 0], [0, 0], [0, 0], [1, 0]]
+    truncs = [[0, 0], [1, 0], [0, 0], [0, 0], [0, 0]]
+    valid = [[1, 1], [1, 1], [0, 1], [1, 1], [1, 1]]
+    adv, ret = nstep(rewards, vals, [6.0, 8.0], terms, truncs, valid, gamma=0.5)
+    assert ret[:, 0].tolist() == pytest.approx([1 + 0.5 * 2.5, 1 + 0.5 * 3, 3.0, 1 + 0.5 * 2, 2.0])
+    assert ret[:, 1].tolist() == pytest.approx([2.1875, 2.375, 2.75, 3.5, 1 + 0.5 * 8])
+    assert adv[2, 0] == 0  # the reset step carries no advantage
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_nstep_returns_match_reference_on_random_episodes(seed):
+    rng = np.random.default_rng(seed)
+    num_steps, num_envs = 5, 16
+    terms = rng.random((num_steps, num_envs)) < 0.15
+    truncs = (rng.random((num_steps, num_envs)) < 0.15) & ~terms
+    valid = np.ones((num_steps, num_envs), dtype=bool)
+    valid[1:] = ~(terms | truncs)[:-1]
+    valid[0] = rng.random(num_envs) < 0.7  # a rollout may start on a reset step
+    rewards = np.where(valid, rng.normal(size=(num_steps, num_envs)), 0.0)
+    vals = rng.normal(size=(num_steps, num_envs))
+    next_value = rng.normal(size=num_envs)
+    args = (rewards.tolist(), vals.tolist(), next_value.tolist(), terms.tolist(), truncs.tolist(), valid.tolist())
+    _, ret = nstep(*args, gamma=0.99)
+    np.testing.assert_allclose(ret.numpy(), np.array(reference_nstep_returns(*args, gamma=0.99)), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss, and PPO's at ratio 1
+# ---------------------------------------------------------------------------------------------------------------
+def batch(obs_space, action_space, n=32, seed=0):
+    """An agent and a rollout-shaped batch for it, with a few masked (reset-step) entries."""
+    torch.manual_seed(seed)
+    agent = a2c.Agent(obs_space, action_space)
+    obs = torch.as_tensor(np.stack([obs_space.sample() for _ in range(n)]), dtype=torch.float32)
+    with torch.no_grad():
+        actions = agent.get_action_and_value(obs)[0]
+    advantages, returns = torch.randn(n), torch.randn(n)
+    mask = (torch.rand(n) > 0.2).float()
+    return agent, obs, actions, advantages, returns, mask
+
+
+def grads(agent, loss):
+    agent.zero_grad(set_to_none=True)
+    loss.backward()
+    return [p.grad.clone() for p in agent.parameters()]
+
+
+SPACES = {
+    "discrete": (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)),
+    "continuous": (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (2,))),
+}
+
+
+@pytest.mark.parametrize("space", SPACES)
+@pytest.mark.parametrize("ent_coef, vf_coef, norm_adv", [(0.0, 0.0, False), (0.01, 0.5, False), (0.01, 0.25, True)])
+def test_ppo_with_one_epoch_one_minibatch_has_the_a2c_gradient(space, ent_coef, vf_coef, norm_adv):
+    """Huang et al. 2022, "A2C is a special case of PPO": on the rollout it was collected with, PPO's ratio is 1, so
+    clipping is inactive and the gradient of ratio * A is that of logprob * A. ppo.py halves its squared error and
+    a2c.py does not (as SB3), so PPO's vf_coef is twice A2C's; advantage normalisation is the same code in both."""
+    agent, obs, actions, advantages, returns, mask = batch(*SPACES[space])
+    _, logprob, entropy, value = agent.get_action_and_value(obs, actions)
+    a2c_loss, _ = a2c.a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef, vf_coef, norm_adv)
+    a2c_grads = grads(agent, a2c_loss)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    ppo_loss, stats = ppo.ppo_loss(
+        newlogprob, newlogprob.detach(), entropy, newvalue, newvalue.detach(), advantages, returns, mask,
+        clip_coef=0.2, clip_vloss=False, ent_coef=ent_coef, vf_coef=2 * vf_coef, norm_adv=norm_adv,
+    )  # fmt: skip
+    ppo_grads = grads(agent, ppo_loss)
+    assert stats[4] == 0  # no clipped entry
+    assert any(g.abs().sum() > 0 for g in a2c_grads)
+    for g_a2c, g_ppo in zip(a2c_grads, ppo_grads, strict=True):
+        torch.testing.assert_close(g_a2c, g_ppo, rtol=1e-5, atol=1e-7)
+
+
+def test_a2c_loss_ignores_masked_entries_and_matches_a_plain_computation():
+    logprob = torch.tensor([-0.5, -1.0, -0.2, -9.0], requires_grad=True)
+    value = torch.tensor([0.5, 1.0, -1.0, 50.0], requires_grad=True)
+    entropy, adv, ret = torch.tensor([1.0, 0.8, 0.6, 0.0]), torch.tensor([1.0, -2.0, 0.5, 100.0]), torch.zeros(4)
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    loss, stats = a2c.a2c_loss(logprob, entropy, value, adv, ret, mask, ent_coef=0.01, vf_coef=0.5, norm_adv=False)
+    pg = -(1.0 * -0.5 + -2.0 * -1.0 + 0.5 * -0.2) / 3  # -mean(A * logprob)
+    v = (0.25 + 1.0 + 1.0) / 3
+    assert stats.tolist() == pytest.approx([pg, v, 0.8])
+    assert loss.item() == pytest.approx(pg - 0.01 * 0.8 + 0.5 * v)
+    loss.backward()
+    assert logprob.grad[3] == 0 and value.grad[3] == 0
+    assert logprob.grad[:3].tolist() == pytest.approx([-1 / 3, 2 / 3, -0.5 / 3])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Optimiser, presets
+# ---------------------------------------------------------------------------------------------------------------
+def test_rmsprop_tf_like_puts_eps_inside_the_root_and_starts_the_mean_square_at_one():
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = a2c.RMSpropTF([p], lr=0.1, alpha=0.9, eps=1e-5)
+    expected, ms = np.array([1.0, -2.0]), np.ones(2)
+    for g in ([0.5, -3.0], [0.0, 1.0], [2.0, 0.0]):
+        p.grad = torch.tensor(g)
+        opt.step()
+        ms = 0.9 * ms + 0.1 * np.square(g)
+        expected = expected - 0.1 * np.array(g) / np.sqrt(ms + 1e-5)
+        np.testing.assert_allclose(p.detach().numpy(), expected, rtol=1e-6)
+    state = opt.state_dict()  # checkpoints carry it like any torch optimiser's
+    opt2 = a2c.RMSpropTF([torch.nn.Parameter(torch.zeros(2))], lr=0.1, alpha=0.9, eps=1e-5)
+    opt2.load_state_dict(state)
+    np.testing.assert_allclose(opt2.state_dict()["state"][0]["square_avg"].numpy(), ms, rtol=1e-6)
+
+
+def test_optimiser_is_rmsprop_with_baselines_settings():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    opt = a2c.make_optimizer(params, a2c.Args())
+    assert isinstance(opt, torch.optim.RMSprop)
+    assert opt.defaults["alpha"] == 0.99 and opt.defaults["eps"] == 1e-5 and opt.defaults["lr"] == 7e-4
+    assert isinstance(a2c.make_optimizer(params, a2c.Args(rmsprop_tf_like=True)), a2c.RMSpropTF)
+
+
+def test_presets_set_real_flags_and_a_given_flag_wins():
+    for preset in a2c.PRESETS.values():
+        assert set(preset) <= set(a2c.Args.__annotations__)
+    cartpole = a2c.parse_args(["--env-id", "CartPole-v1"])
+    assert (cartpole.num_envs, cartpole.num_steps, cartpole.gae_lambda, cartpole.ent_coef) == (8, 5, 1.0, 0.0)
+    breakout = a2c.parse_args(["--env-id", "Breakout-v5"])  # auto: image observations
+    assert (breakout.num_envs, breakout.ent_coef, breakout.vf_coef, breakout.rmsprop_tf_like) == (16, 0.01, 0.25, True)
+    pendulum = a2c.parse_args(["--env-id", "Pendulum-v1"])  # auto: Box actions
+    assert pendulum.norm_obs and not pendulum.norm_reward and pendulum.num_envs == 1
+    assert a2c.parse_args(["--env-id", "Breakout-v5", "--vf-coef", "0.5"]).vf_coef == 0.5
+    assert a2c.parse_args(["--env-id", "CartPole-v1", "--preset", "atari"]).num_envs == 16
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "env_id, flags",
+    [
+        ("CartPole-v1", "--total-timesteps 2000 --capture-video --eval-every 1000 --eval-episodes 3".split()),
+        ("Pendulum-v1", "--total-timesteps 2000 --num-envs 4 --eval-episodes 2".split()),
+        ("Breakout-v5", "--total-timesteps 160 --num-envs 2 --eval-episodes 1".split()),
+        ("corridor_env:Corridor-v0", ["--total-timesteps", "2000"]),  # a gymnasium env envpool lacks
+    ],
+)
+def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_env):
+    proc = run_algorithm("a2c", "--env-id", env_id, "--save-model", *flags, cwd=tmp_path, env=test_env)
+    run = only_run(tmp_path)
+    assert f"model: {run.relative_to(tmp_path) / 'a2c.model'}" in proc.stdout
+    assert "tensorboard logs:" in proc.stdout.splitlines()[-1]
+    # 160 Breakout steps end no game
+    expected = TAGS - {"charts/episodic_return", "charts/episodic_length"} if env_id == "Breakout-v5" else TAGS
+    assert expected <= set(scalars(run))
+    model = torch.load(run / "a2c.model", weights_only=False)
+    assert model["args"]["env_id"] == env_id
+    assert (model["obs_rms"] is not None) == (env_id == "Pendulum-v1")  # the mujoco preset normalises observations
+    if "--eval-every" in flags:  # two periodic evaluations (their means), then the final one's three episodes
+        assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [1000, 2000, 2000, 2000, 2000]
+        assert {p.name for p in (run / "videos").iterdir()} == {"eval_1000.mp4", "eval_2000.mp4", "final.mp4"}
+        assert (run / "videos" / "final.mp4").stat().st_size > 1000
+
+
+def test_same_seed_same_run_on_cpu(tmp_path):
+    tags = ("charts/episodic_return", "losses/value_loss", "losses/policy_loss")
+    runs = []
+    for i, seed in enumerate((7, 7, 8)):
+        flags = ["--seed", str(seed), "--total-timesteps", "2000", "--log-interval", "10", "--exp-name", f"s{i}"]
+        run_algorithm("a2c", *flags, cwd=tmp_path)
+        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
+        runs.append([values(run, t) for t in tags])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def write_foreign_checkpoint(path):
+    torch.save({"args": {"env_id": "Acrobot-v1"}, "model": {}}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
+        (["--num-envs", "0"], r"--num-envs, --num-steps and --log-interval must be at least 1"),
+        (["--total-timesteps", "10"], r"less than one rollout \(40 steps\)"),
+        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
+        (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
+        (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
+    proc = run_algorithm("a2c", *flags, cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("a2c.py: error:")]
+    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+
+
+def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):
+    total, batch, log_every = 16_000, 40, 10
+    cmd = [sys.executable, str(ROOT / "algorithms" / "a2c.py"), "--total-timesteps", str(total), "--progress-interval", "0"]
+    cmd += ["--log-interval", str(log_every)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 4000:
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    run = only_run(tmp_path)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert 4000 <= ckpt["global_step"] < total
+    assert "square_avg" in ckpt["optimizer"]["state"][0]  # RMSprop's state goes on
+    run_algorithm("a2c", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
+    steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
+    # every log interval once, plus the step the run stopped at
+    assert steps == sorted(set(range(batch * log_every, total + 1, batch * log_every)) | {ckpt["global_step"]})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Learning
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.learning
+def test_a2c_cartpole_reaches_475_with_the_classic_defaults(tmp_path):
+    """MEASURED"""
+    run_algorithm("a2c", "--seed", "1", cwd=tmp_path, timeout=900)
+    returns = values(only_run(tmp_path), "charts/episodic_return")
+    assert len(returns) >= 20 and np.mean(returns[-20:]) >= 475
