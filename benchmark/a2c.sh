@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A2C: the exact commands that reproduce rl-baselines3-zoo's published A2C results, 3 seeds each.
-# Each run logs to runs/<env>__a2c__<seed>__<time>/; the reference figures live in benchmark/references.csv.
+# A2C: the exact commands that reproduce rl-baselines3-zoo's published A2C results, 3 seeds each, through the runner.
+# The preset comes from the env's spaces (--preset auto), and with it the budget; references are in
+# benchmark/references.csv.
 # Hyperparameters: SB3's A2C defaults plus the env's entry in the zoo's hyperparams/a2c.yml, which a2c.py's
 # presets hold (classic: CartPole-v1's entry; Acrobot-v1 and MountainCar-v0 add 16 envs and `normalize: true`,
 # observations and rewards, below; atari; mujoco: `normalize` there is observations only).
@@ -19,31 +20,30 @@
 #
 # The zoo's figures are one trained agent per env, evaluated after training (sampled actions on Atari, the greedy
 # policy elsewhere, hence --eval-deterministic below): compare them with the final `eval/episodic_return` of
-# these runs (the saved model, reloaded), or with the last training returns. The zoo's Atari envs are NoFrameskip-v4 under SB3's AtariWrapper (no sticky actions, up to 30
-# no-ops, FIRE on reset, life loss ends the training episode, clipped rewards): envpool's -v5 defaults here.
+# these runs (the saved model, reloaded) as well as with the report's last training returns. The zoo's Atari envs
+# are NoFrameskip-v4 under SB3's AtariWrapper (no sticky actions, up to 30 no-ops, FIRE on reset, life loss ends the
+# training episode, clipped rewards): envpool's -v5 defaults here.
 #
-# Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all]   (SEEDS="1 2 3" by default)
-# Classic control takes about a minute a run on a 2-core CPU (CartPole-v1); Atari 10M steps wants a GPU; MuJoCo's
-# 1 env x 5 steps makes 200k updates of a small batch, which runs no faster on a GPU.
+# Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all]
+# Classic control takes about a minute a run on a quiet 2-core CPU (CartPole-v1). Atari 10M steps wants a GPU;
+# MuJoCo's 1 env x 5 steps makes 200k updates of a small batch, which a GPU does not speed up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEEDS="${SEEDS:-1 2 3}"
 family="${1:-classic}"
 
-run() {  # run ENV [FLAGS...]: the preset is chosen from the env's spaces (--preset auto); the budget is the preset's
-  local env=$1
+bench() {  # bench NAME ENV... [-- FLAGS]: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
+  local name=$1
   shift
-  for seed in $SEEDS; do python algorithms/a2c.py --env-id "$env" --seed "$seed" --eval-every 0 --save-model "$@"; done
+  python benchmark/run.py --algo a2c --name "$name" --seeds 3 --env-ids "$@"
+  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
 }
 
+# the zoo's figures are of the final agent, greedy outside Atari: --save-model evaluates the reloaded model
+final=(--save-model --eval-deterministic)
 if [[ $family == classic || $family == all ]]; then
-  run CartPole-v1 --eval-deterministic
-  run Acrobot-v1 --eval-deterministic --num-envs 16 --norm-obs --norm-reward
-  run MountainCar-v0 --eval-deterministic --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
+  bench a2c_cartpole CartPole-v1 -- "${final[@]}"
+  bench a2c_acrobot Acrobot-v1 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward
+  bench a2c_mountaincar MountainCar-v0 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
 fi
-if [[ $family == atari || $family == all ]]; then
-  for env in Pong-v5 Breakout-v5 BeamRider-v5; do run "$env"; done
-fi
-if [[ $family == mujoco || $family == all ]]; then
-  for env in HalfCheetah-v4 Hopper-v4 Walker2d-v4; do run "$env" --eval-deterministic; done
-fi
+if [[ $family == atari || $family == all ]]; then bench a2c_atari Pong-v5 Breakout-v5 BeamRider-v5 -- --save-model; fi
+if [[ $family == mujoco || $family == all ]]; then bench a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}"; fi
