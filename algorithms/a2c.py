@@ -521,9 +521,10 @@ def main(args: Args) -> None:
     ckpt = None
     if args.resume:
         ckpt = load_checkpoint(args.resume, args.env_id)
-        ignored = [k for k, v in ckpt["args"].items() if k != "resume" and getattr(args, k) != v and k in Args.__annotations__]
-        if ignored and any(getattr(args, k) != getattr(Args(), k) for k in ignored):
-            print(f"resuming with the checkpoint's arguments; ignoring --{', --'.join(k.replace('_', '-') for k in ignored)}")
+        computed = ("resume", "batch_size", "num_iterations")
+        differ = [k for k, v in ckpt["args"].items() if k not in computed and getattr(args, k) != v]
+        if differ:
+            print(f"resuming with the checkpoint's arguments, which differ from this command line in: {', '.join(differ)}")
         args = Args(**{**ckpt["args"], "resume": args.resume})
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
@@ -551,8 +552,10 @@ def main(args: Args) -> None:
     if ckpt:
         agent.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        obs_rms and obs_rms.load_state_dict(ckpt["obs_rms"])
-        return_rms and return_rms.load_state_dict(ckpt["return_rms"])
+        if obs_rms is not None:
+            obs_rms.load_state_dict(ckpt["obs_rms"])
+        if return_rms is not None:
+            return_rms.load_state_dict(ckpt["return_rms"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         random.setstate(ckpt["rng"]["python"])
         np.random.set_state(ckpt["rng"]["numpy"])
