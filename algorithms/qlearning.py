@@ -1,0 +1,704 @@
+"""Tabular Q-learning (Watkins 1989; Sutton & Barto 2018, ch. 6.5) over many envs; benchmark: `bash benchmark/qlearning.sh`."""
+
+import argparse
+import dataclasses
+import difflib
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+
+
+@dataclass
+class Args:
+    # --- run infrastructure ---
+    exp_name: str = "qlearning"
+    """name of this experiment, part of the run directory name"""
+    env_id: str = "FrozenLake-v1"
+    """envpool id (FrozenLake-v1, FrozenLake8x8-v1, Taxi-v3, CliffWalking-v0, MountainCar-v0, CartPole-v1, Acrobot-v1)
+    or any gymnasium id with a Discrete action space, including 'module:Env-v0'"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = False
+    """use CUDA when it is available (off by default: a table's updates are too small to gain from a GPU)"""
+    save_model: bool = False
+    """save the final table to runs/<run>/qlearning.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the greedy policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 1000
+    """episodes per evaluation (one per eval env)"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_every: int = 10_000
+    """write the charts/ and losses/ scalars every this many env steps (episode returns: the mean of those that ended)"""
+
+    # --- algorithm ---
+    total_timesteps: int = 300_000
+    """total env steps over all envs"""
+    num_envs: int = 64
+    """parallel envs; each vector step updates the table once with all of their transitions"""
+    gamma: float = 0.99
+    """discount factor"""
+    learning_rate: float = 0.1
+    """step size of the update at the start of training"""
+    lr_decay: bool = True
+    """decay the step size linearly to --end-learning-rate over the run (a constant step size keeps the table noisy in
+    stochastic envs)"""
+    end_learning_rate: float = 0.01
+    """step size at the end of training, with --lr-decay"""
+    start_e: float = 1.0
+    """epsilon of the epsilon-greedy policy at the start"""
+    end_e: float = 0.1
+    """floor of epsilon"""
+    exploration_fraction: float = 0.5
+    """fraction of total_timesteps over which epsilon decays linearly from start_e to end_e"""
+    max_episode_steps: int = 0
+    """episode cap for envs without a time limit, truncated (and bootstrapped) like a time limit (0: the env's own)"""
+    bins: int = 10
+    """Box observations: cells per dimension of the uniform grid"""
+    obs_low: tuple[float, ...] | None = None
+    """Box observations: lower bounds of the grid per dimension (default: the space's, required where it is unbounded)"""
+    obs_high: tuple[float, ...] | None = None
+    """Box observations: upper bounds of the grid per dimension (default: the space's, required where it is unbounded)"""
+    optimum_tolerance: float = 0.02
+    """toy text: report the step and training time at which the greedy policy's exact return first comes within this
+    of the exact optimum"""
+
+    # --- computed at start-up ---
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // num_envs vector steps (computed)"""
+
+
+# Defaults per env that reach the exact optimum (toy text) or a good return (discretised classic control); a flag
+# given on the command line wins. FrozenLake8x8: gamma 0.995 has the best greedy policy under its 200-step limit.
+PRESETS = {
+    "FrozenLake-v1": dict(),
+    "FrozenLake8x8-v1": dict(total_timesteps=4_000_000, gamma=0.995),
+    "Taxi-v3": dict(learning_rate=0.5, optimum_tolerance=0.1),
+    "CliffWalking-v0": dict(total_timesteps=100_000, max_episode_steps=100, learning_rate=0.5, end_learning_rate=0.5),
+    "MountainCar-v0": dict(total_timesteps=5_000_000, bins=20, gamma=1.0, learning_rate=0.2),
+    "CartPole-v1": dict(total_timesteps=5_000_000, obs_low=(-2.4, -3.0, -0.21, -3.5), obs_high=(2.4, 3.0, 0.21, 3.5)),
+    "Acrobot-v1": dict(total_timesteps=5_000_000, bins=6),
+}
+PRESETS["CliffWalking-v1"] = PRESETS["CliffWalking-v0"]
+
+# gymnasium 1.4 renamed these; its transition tables (env.unwrapped.P) have the dynamics of envpool's envs
+GYMNASIUM_IDS = {"Taxi-v3": "Taxi-v4", "CliffWalking-v0": "CliffWalking-v1"}
+
+
+def fail(message: str):
+    """Bad input ends with one line on stderr and exit status 1, never a traceback."""
+    raise SystemExit(f"qlearning.py: error: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Envs
+# ---------------------------------------------------------------------------------------------------------------
+def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    if ":" not in env_id and env_id in envpool.list_all_envs():
+        spec = envpool.make_spec(env_id)
+        return spec.observation_space, spec.action_space
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as e:
+        known = envpool.list_all_envs() + list(gym.registry.keys())
+        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    spaces = env.observation_space, env.action_space
+    env.close()
+    return spaces
+
+
+def env_time_limit(env_id: str) -> int | None:
+    """The env's own episode limit; None where it has none (CliffWalking)."""
+    if ":" not in env_id and env_id in envpool.list_all_envs():
+        limit = envpool.make_spec(env_id).config.max_episode_steps
+        return None if limit >= 2**31 - 1 else int(limit)
+    env = gym.make(env_id)  # imports the module of a 'module:Env-v0' id, which gym.spec does not
+    limit = env.spec.max_episode_steps
+    env.close()
+    return limit
+
+
+class EpisodeCap:
+    """Truncates episodes after `cap` steps with the same next-step autoreset, for envpool envs that ignore
+    max_episode_steps (CliffWalking): the step after the cap resets the capped envs and steps the others."""
+
+    def __init__(self, envs, cap: int):
+        self.envs, self.cap, self.num_envs = envs, cap, envs.config["num_envs"]
+        self.single_observation_space, self.single_action_space = envs.observation_space, envs.action_space
+
+    def reset(self):
+        obs, info = self.envs.reset()
+        self.elapsed = np.zeros(self.num_envs, dtype=np.int64)
+        self.resetting = np.zeros(self.num_envs, dtype=bool)  # the next step is a reset step (after a done)
+        self.capped = np.zeros(self.num_envs, dtype=bool)  # the next step must reset by hand
+        return obs, info
+
+    def step(self, actions: np.ndarray):
+        if self.capped.any():
+            run, capped = np.flatnonzero(~self.capped), np.flatnonzero(self.capped)
+            obs = np.zeros((self.num_envs,) + self.single_observation_space.shape, self.single_observation_space.dtype)
+            reward, term, trunc = (
+                np.zeros(self.num_envs, np.float32),
+                np.zeros(self.num_envs, bool),
+                np.zeros(self.num_envs, bool),
+            )
+            if run.size:
+                o, r, te, tr, info = self.envs.step(actions[run], run)
+                ids = info["env_id"]
+                obs[ids], reward[ids], term[ids], trunc[ids] = o, r, te, tr
+            obs[capped] = self.envs.reset(capped)[0]
+        else:
+            obs, reward, term, trunc, _ = self.envs.step(actions)
+        self.elapsed = np.where(self.resetting | self.capped, 0, self.elapsed + 1)
+        self.capped = (self.elapsed >= self.cap) & ~(term | trunc)
+        trunc = trunc | self.capped
+        self.resetting = term | trunc
+        return obs, reward, term, trunc, {}
+
+    def close(self):
+        self.envs.close()
+
+
+def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int = 0):
+    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
+
+    After a step that ends an episode, the next step ignores its action and returns reward 0 and the first
+    observation of the next episode; the training loop masks that step out. `max_episode_steps` > 0 caps episodes.
+    """
+    if ":" not in env_id and env_id in envpool.list_all_envs():
+        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+        limit = env_time_limit(env_id)
+        if max_episode_steps and (limit is None or max_episode_steps < limit):
+            envs = EpisodeCap(envs, max_episode_steps)
+        return envs
+    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
+    cap = dict(max_episode_steps=max_episode_steps) if max_episode_steps else {}
+    envs = gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
+        **cap,
+    )
+    envs.reset(seed=seed)
+    return envs
+
+
+def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
+    """Running return and length per env; returns the new running values and the finished episodes' ones.
+
+    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
+    """
+    ep_return = ep_return + raw_reward
+    ep_length = ep_length + valid
+    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
+    ep_return = np.where(episode_end, 0.0, ep_return)
+    ep_length = np.where(episode_end, 0, ep_length)
+    return ep_return, ep_length, finished_returns, finished_lengths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Observations to table rows
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class Grid:
+    """A uniform grid over a Box: `bins` cells per dimension between low and high; values outside fall in the edge
+    cells. A Discrete space is its own table (bins = 0)."""
+
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    bins: int = 0
+
+    @property
+    def num_states(self) -> int:
+        return self.bins ** len(self.low)
+
+
+def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
+    if isinstance(obs_space, gym.spaces.Discrete):
+        return Grid()
+    low = np.asarray(obs_low if obs_low is not None else obs_space.low, dtype=np.float64).reshape(-1)
+    high = np.asarray(obs_high if obs_high is not None else obs_space.high, dtype=np.float64).reshape(-1)
+    dims = int(np.prod(obs_space.shape))
+    if low.size != dims or high.size != dims:
+        fail(f"--obs-low and --obs-high need {dims} values each (one per observation dimension)")
+    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        fail(
+            f"the observation space {obs_space} is unbounded in some dimensions; give the grid's bounds with "
+            f"--obs-low and --obs-high ({dims} values each)"
+        )
+    if not (high > low).all():
+        fail("every --obs-high must be greater than its --obs-low")
+    return Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
+
+
+def discretise(obs: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """Row of the table for each observation: Discrete ids as they are; Box vectors by their grid cell.
+
+    A value on an inner bin edge belongs to the cell above it; values at or beyond the bounds fall in the edge cells.
+    """
+    if not grid.bins:
+        return obs.long()
+    low = torch.tensor(grid.low, dtype=torch.float64, device=obs.device)
+    high = torch.tensor(grid.high, dtype=torch.float64, device=obs.device)
+    x = obs.reshape(obs.shape[0], -1).double()
+    cells = torch.floor((x - low) / (high - low) * grid.bins).long().clamp(0, grid.bins - 1)
+    strides = grid.bins ** torch.arange(cells.shape[1] - 1, -1, -1, device=obs.device)
+    return (cells * strides).sum(1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The algorithm's maths
+# ---------------------------------------------------------------------------------------------------------------
+def q_update(q, states, actions, rewards, next_states, terminations, valid, gamma: float, lr: float) -> torch.Tensor:
+    """One Watkins Q-learning update of the table `q` (states x actions), in place, from a batch of transitions.
+
+    target = r + gamma * max_a' Q(s', a'), without the bootstrap where the step terminated; a truncated step
+    bootstraps from s', which next-step autoreset hands over as the real final observation. `valid` = 0 masks the
+    reset step that follows a done. Duplicates: every target is computed from the table as it was before the batch,
+    and a pair that occurs n times moves towards the mean of its n targets by 1 - (1 - lr)^n, what n updates in a
+    row would do with equal targets. (Plain `q[s, a] += ...` keeps one arbitrary duplicate: last write wins on the CPU,
+    undefined on CUDA. index_add_ counts every duplicate, and its result does not depend on their order.)
+    Returns the mean |TD error| over the valid transitions.
+    """
+    num_actions = q.shape[1]
+    flat = q.view(-1)
+    idx = states * num_actions + actions
+    target = rewards + gamma * q[next_states].max(1).values * (1.0 - terminations)
+    td = (target - flat[idx]) * valid
+    # occurrences of each transition's pair in the batch: O(batch^2), no table-sized work per step
+    n = ((idx[:, None] == idx[None, :]) * valid[None, :]).sum(1).clamp(min=1.0)
+    flat.index_add_(0, idx, (1.0 - (1.0 - lr) ** n) * td / n)
+    return td.abs().sum() / valid.sum().clamp(min=1.0)
+
+
+def linear_schedule(start: float, end: float, duration: float, t: int) -> float:
+    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule)."""
+    return start + (end - start) * min(t / max(duration, 1e-9), 1.0)
+
+
+def greedy_actions(q: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Argmax with ties broken towards the lowest action, so the greedy policy is a function of the table."""
+    return q[states].argmax(1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exact evaluation from gymnasium's transition table (toy text)
+# ---------------------------------------------------------------------------------------------------------------
+def transition_tables(env_id: str):
+    """(P[s, a, s'], expected reward R[s, a], terminal mass T[s, a, s'], start distribution) from gymnasium's
+    env.unwrapped.P, or None where the env has none."""
+    name = GYMNASIUM_IDS.get(env_id, env_id)
+    try:
+        env = gym.make(name).unwrapped
+    except gym.error.Error:
+        return None
+    if not hasattr(env, "P") or not isinstance(env.observation_space, gym.spaces.Discrete):
+        return None
+    num_states, num_actions = env.observation_space.n, env.action_space.n
+    P, T = np.zeros((num_states, num_actions, num_states)), np.zeros((num_states, num_actions, num_states))
+    R = np.zeros((num_states, num_actions))
+    for s in range(num_states):
+        for a in range(num_actions):
+            for p, s2, r, terminated in env.P[s][a]:
+                P[s, a, s2] += p
+                R[s, a] += p * r
+                T[s, a, s2] += p * terminated
+    return P, R, T, np.asarray(env.initial_state_distrib)
+
+
+def exact_return(tables, policy: np.ndarray | None, horizon: int) -> float:
+    """Expected undiscounted return over `horizon` steps from the start distribution: of `policy` (one action per
+    state), or with policy None the optimum by finite-horizon value iteration."""
+    P, R, T, start = tables
+    cont = P - T  # probability of going on to s' without the episode ending
+    v = np.zeros(P.shape[0])
+    if policy is not None:
+        rows = np.arange(len(policy))
+        cont_pi, r_pi = cont[rows, policy], R[rows, policy]
+        for _ in range(horizon):
+            v = r_pi + cont_pi @ v
+        return float(start @ v)
+    for _ in range(horizon):
+        v = (R + cont @ v).max(1)
+    return float(start @ v)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pictures of grid worlds
+# ---------------------------------------------------------------------------------------------------------------
+def grid_map(env_id: str) -> tuple[list[str], str] | None:
+    """(map rows, arrow per action) for the grid worlds; None for other envs."""
+    from gymnasium.envs.toy_text.frozen_lake import MAPS
+
+    if env_id == "FrozenLake-v1":
+        return MAPS["4x4"], "←↓→↑"
+    if env_id == "FrozenLake8x8-v1":
+        return MAPS["8x8"], "←↓→↑"
+    if env_id in ("CliffWalking-v0", "CliffWalking-v1"):
+        return ["." * 12, "." * 12, "." * 12, "S" + "C" * 10 + "G"], "↑→↓←"
+    return None
+
+
+def policy_text(q: np.ndarray, rows: list[str], arrows: str) -> str:
+    """The greedy policy as a text grid: an arrow on each cell the agent can stand on, the map's letter elsewhere."""
+    actions = q.argmax(1)
+    lines = []
+    for i, row in enumerate(rows):
+        cells = [c if c in "HGC" else arrows[actions[i * len(row) + j]] for j, c in enumerate(row)]
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, title: str) -> None:
+    """Greedy policy as arrows over the map, state values max_a Q(s, a) as colours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h, w = len(rows), len(rows[0])
+    values = q.max(1).reshape(h, w)
+    special = np.array([[c in "HGC" for c in row] for row in rows])
+    fig, ax = plt.subplots(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
+    im = ax.imshow(np.ma.masked_array(values, special), cmap="viridis")
+    fig.colorbar(im, ax=ax, label="max_a Q(s, a)", fraction=0.046 if w > h else 0.1)
+    dx = {"←": (-1, 0), "→": (1, 0), "↑": (0, -1), "↓": (0, 1)}
+    names = {"H": "hole", "G": "goal", "C": "cliff"}
+    for i in range(h):
+        for j in range(w):
+            c = rows[i][j]
+            if c in names:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="black" if c != "G" else "gold"))
+                ax.text(j, i, names[c], ha="center", va="center", fontsize=7, color="white" if c != "G" else "black")
+                continue
+            u, v = dx[arrows[int(q[i * w + j].argmax())]]
+            ax.arrow(
+                j - 0.3 * u,
+                i - 0.3 * v,
+                0.6 * u,
+                0.6 * v,
+                head_width=0.18,
+                head_length=0.14,
+                length_includes_head=True,
+                color="white",
+            )
+            if c == "S":
+                ax.text(j - 0.42, i - 0.3, "start", fontsize=6, color="white")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints and evaluation
+# ---------------------------------------------------------------------------------------------------------------
+def save_checkpoint(path: str, state: dict) -> None:
+    """Write to a temporary file, then rename: a kill during the write never leaves a broken checkpoint."""
+    tmp = f"{path}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, env_id: str | None = None) -> dict:
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the checkpoint.pt or qlearning.model of an earlier run")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        fail(f"checkpoint '{path}' cannot be read ({type(e).__name__}: {e}); it is not a qlearning.py checkpoint")
+    if not isinstance(state, dict) or "q" not in state or "args" not in state:
+        fail(f"'{path}' is not a qlearning.py checkpoint (it has no table and args)")
+    if env_id is not None and state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
+    """Play one episode of the greedy policy on each of args.eval_episodes envs; returns the episodes' returns."""
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, args.max_episode_steps)
+    obs, _ = envs.reset()
+    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
+    while not finished.all():
+        action = greedy_actions(q, discretise(torch.as_tensor(obs, device=q.device), grid)).cpu().numpy()
+        obs, reward, term, trunc, _ = envs.step(action)
+        returns += np.where(finished, 0.0, reward)  # each env's first episode only
+        finished |= term | trunc
+    envs.close()
+    return returns
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line and training loop
+# ---------------------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> Args:
+    """tyro CLI whose defaults are the env's preset, so that --help shows the values a run will use."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--env-id", "--env_id", dest="env_id", default=Args.env_id)
+    known, _ = pre.parse_known_args(argv)
+    defaults = Args(env_id=known.env_id, **PRESETS.get(known.env_id, {}))
+    return tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+
+
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    if not isinstance(action_space, gym.spaces.Discrete):
+        fail(
+            f"qlearning.py needs a Discrete action space (a table has one column per action); {args.env_id} has {action_space}"
+        )
+    if not isinstance(obs_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        fail(f"qlearning.py needs a Discrete or Box observation space; {args.env_id} has {obs_space}")
+    if args.num_envs < 1 or args.eval_episodes < 1:
+        fail("--num-envs and --eval-episodes must be at least 1")
+    if args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
+    if not 0.0 < args.learning_rate <= 1.0 or not 0.0 < args.end_learning_rate <= 1.0:
+        fail("--learning-rate and --end-learning-rate must be in (0, 1]")
+    if not 0.0 <= args.gamma <= 1.0:
+        fail("--gamma must be in [0, 1]")
+    if isinstance(obs_space, gym.spaces.Box):
+        if args.bins < 1:
+            fail("--bins must be at least 1")
+        cells = float(args.bins) ** int(np.prod(obs_space.shape))
+        if cells * action_space.n > 2e8:
+            fail(
+                f"{args.bins} bins over {int(np.prod(obs_space.shape))} dimensions make a table of {cells:.3g} rows; "
+                "lower --bins"
+            )
+
+
+def main(args: Args) -> None:
+    # --- set-up ---
+    ckpt = None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume, args.env_id)
+        ignored = [k for k, v in ckpt["args"].items() if k != "resume" and getattr(args, k) != v and k in Args.__annotations__]
+        if ignored and any(getattr(args, k) != getattr(Args(), k) for k in ignored):
+            print(f"resuming with the checkpoint's arguments; ignoring --{', --'.join(k.replace('_', '-') for k in ignored)}")
+        args = Args(**{**ckpt["args"], "resume": args.resume})
+    args.num_iterations = args.total_timesteps // max(args.num_envs, 1)
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    grid = make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
+    num_states = obs_space.n if grid.bins == 0 else grid.num_states
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    q = torch.zeros((num_states, action_space.n), dtype=torch.float64, device=device)
+    global_step, start_iteration = 0, 1
+    if ckpt:
+        q.copy_(ckpt["q"])
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        random.setstate(ckpt["rng"]["python"])
+        np.random.set_state(ckpt["rng"]["numpy"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        print(f"resumed {run_dir} at step {global_step:,}")
+
+    # exact evaluation where gymnasium has the transition table: the optimum and the greedy policy's value
+    limit = env_time_limit(args.env_id)
+    horizon = min(h for h in (limit, args.max_episode_steps or None) if h) if (limit or args.max_episode_steps) else None
+    tables = transition_tables(args.env_id) if grid.bins == 0 and horizon else None
+    optimum = exact_return(tables, None, horizon) if tables else None
+    if optimum is not None:
+        print(f"exact optimum over the {horizon}-step horizon (value iteration on gymnasium's table): {optimum:.4f}")
+
+    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
+    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
+    if not ckpt:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    envs = make_env(args.env_id, args.num_envs, args.seed + global_step, args.max_episode_steps)
+
+    def checkpoint_state(iteration: int) -> dict:
+        rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+        rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+        return dict(
+            args=dataclasses.asdict(args),
+            run_name=run_name,
+            q=q.cpu(),
+            grid=dataclasses.asdict(grid),
+            global_step=global_step,
+            iteration=iteration,
+            rng=rng,
+        )
+
+    # Ctrl-C and SIGTERM finish the current step, write a checkpoint and exit; a second one kills at once
+    stop = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    N = args.num_envs
+    next_obs = discretise(torch.as_tensor(envs.reset()[0], device=device), grid)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    window_returns, window_lengths, recent_returns = [], [], []
+    td_sum, td_count = torch.zeros((), dtype=torch.float64, device=device), 0
+    reached = None
+    start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        global_step += N
+        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+        lr = linear_schedule(args.learning_rate, args.end_learning_rate, args.total_timesteps, global_step)
+        lr = lr if args.lr_decay else args.learning_rate
+
+        # --- act: epsilon-greedy ---
+        states = next_obs
+        explore = torch.rand(N, device=device) < epsilon
+        actions = torch.where(explore, torch.randint(0, action_space.n, (N,), device=device), greedy_actions(q, states))
+        next_obs_np, reward, term, trunc, _ = envs.step(actions.cpu().numpy())
+        done = term | trunc
+        step_data = torch.as_tensor(np.stack([reward, term, next_valid]), dtype=torch.float64, device=device)
+        next_obs = discretise(torch.as_tensor(next_obs_np, device=device), grid)
+
+        # --- update: the reset step after a done is masked out ---
+        td_sum += q_update(q, states, actions, step_data[0], next_obs, step_data[1], step_data[2], args.gamma, lr)
+        td_count += 1
+
+        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
+        if len(fin_returns):
+            window_returns += fin_returns.tolist()
+            window_lengths += fin_lengths.tolist()
+            recent_returns = (recent_returns + fin_returns.tolist())[-100:]
+        next_valid = ~done
+
+        # --- logging: every log_every env steps, one host sync ---
+        last = iteration == args.num_iterations
+        if global_step // args.log_every > (global_step - N) // args.log_every or last:
+            if window_returns:  # one point per window, not per episode: thousands of episodes end per second
+                writer.add_scalar("charts/episodic_return", float(np.mean(window_returns)), global_step)
+                writer.add_scalar("charts/episodic_length", float(np.mean(window_lengths)), global_step)
+                window_returns, window_lengths = [], []
+            sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/learning_rate", lr, global_step)
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            writer.add_scalar("losses/td_error", (td_sum / max(td_count, 1)).item(), global_step)
+            td_sum.zero_()
+            td_count = 0
+            if tables is not None:
+                t0 = time.time()
+                greedy = exact_return(tables, q.argmax(1).cpu().numpy(), horizon)
+                eval_seconds += time.time() - t0
+                writer.add_scalar("eval/exact_return", greedy, global_step)
+                # the first step from which the greedy policy stays within the tolerance until the end
+                if optimum - greedy > args.optimum_tolerance:
+                    reached = None
+                elif reached is None:
+                    reached = (global_step, time.time() - start_time - eval_seconds)
+            if time.time() - last_print > args.progress_interval or last:
+                last_print = time.time()
+                eta = (args.total_timesteps - global_step) / max(sps, 1)
+                mean_return = f"{np.mean(recent_returns):.3f}" if recent_returns else "n/a"
+                exact = f" | greedy exact {greedy:.4f} of {optimum:.4f}" if tables is not None else ""
+                print(
+                    f"step {global_step:,}/{args.total_timesteps:,} ({100 * global_step / args.total_timesteps:.0f}%)"
+                    f" | SPS {sps:,} | return {mean_return} (last {len(recent_returns)} episodes){exact}"
+                    f" | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                    flush=True,
+                )
+
+        # --- evaluation, checkpoint, stop requests ---
+        if args.eval_every and global_step // args.eval_every > (global_step - N) // args.eval_every:
+            t0 = time.time()
+            eval_returns = evaluate(q, grid, args)
+            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
+            print(f"eval at step {global_step:,}: mean return {np.mean(eval_returns):.3f} over {len(eval_returns)} episodes")
+            eval_seconds += time.time() - t0
+        checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+        periodic = args.checkpoint_every and global_step // args.checkpoint_every > (global_step - N) // args.checkpoint_every
+        if periodic or stop:
+            save_checkpoint(checkpoint_path, checkpoint_state(iteration))
+        if stop:
+            writer.close()
+            envs.close()
+            resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {checkpoint_path}"
+            print(f"stopped at step {global_step:,}; resume with: {resume}")
+            sys.exit(128 + stop[0])
+
+    envs.close()
+    writer.flush()
+    if reached is not None:
+        print(
+            f"greedy policy within {args.optimum_tolerance} of the optimum from step {reached[0]:,} on "
+            f"({reached[1]:.1f} s of training)"
+        )
+
+    # --- the greedy policy: text grid and picture for grid worlds ---
+    q_np = q.cpu().numpy()
+    if (gmap := grid_map(args.env_id)) is not None:
+        rows, arrows = gmap
+        print(f"greedy policy:\n{policy_text(q_np, rows, arrows)}")
+        title = f"{args.env_id}: greedy policy after {global_step:,} steps"
+        if tables is not None:
+            title += f"\nexact return {exact_return(tables, q_np.argmax(1), horizon):.4f} (optimum {optimum:.4f})"
+        save_policy_png(os.path.join(run_dir, "policy.png"), q_np, rows, arrows, title)
+        print(f"policy picture: {os.path.join(run_dir, 'policy.png')}")
+
+    # --- final table: saved, reloaded from disk, evaluated ---
+    if args.save_model:
+        model_path = os.path.join(run_dir, "qlearning.model")
+        save_checkpoint(
+            model_path, dict(args=dataclasses.asdict(args), run_name=run_name, q=q.cpu(), grid=dataclasses.asdict(grid))
+        )
+        state = load_checkpoint(model_path, args.env_id)
+        eval_q = state["q"].to(device)
+        eval_returns = evaluate(eval_q, Grid(**state["grid"]), args)
+        for r in eval_returns[:1000]:  # all at the final step, one point per episode
+            writer.add_scalar("eval/episodic_return", r, global_step)
+        mean, std = np.mean(eval_returns), np.std(eval_returns)
+        print(f"evaluation of {model_path}: mean return {mean:.3f} +- {std:.3f} over {len(eval_returns)} episodes")
+        if tables is not None:
+            exact = exact_return(tables, eval_q.argmax(1).cpu().numpy(), horizon)
+            print(f"exact return of its greedy policy: {exact:.4f} (optimum {optimum:.4f})")
+        print(f"model: {model_path}")
+    writer.close()
+    print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
+
+
+if __name__ == "__main__":
+    main(parse_args())

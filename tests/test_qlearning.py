@@ -1,0 +1,287 @@
+"""qlearning.py: the update by hand, the exact optimum on toy text (computed here by value iteration on gymnasium's
+transition tables), the discretiser, the episode cap, seeding, save + reload, bad input, stop and resume."""
+
+import re
+import signal
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+
+qlearning = load_algorithm("qlearning")
+
+# envpool keeps the ids that gymnasium 1.4 renamed
+GYMNASIUM_ID = {"FrozenLake-v1": "FrozenLake-v1", "Taxi-v3": "Taxi-v4", "CliffWalking-v0": "CliffWalking-v1"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference: value iteration and exact policy evaluation on gymnasium's env.unwrapped.P, plain loops
+# ---------------------------------------------------------------------------------------------------------------
+def expected_step(P, s, a, v):
+    """E[r + v(s')] over the outcomes of (s, a), with v(s') = 0 where the outcome ends the episode."""
+    return sum(p * (r + (0.0 if terminated else v[s2])) for p, s2, r, terminated in P[s][a])
+
+
+def optimum_and_greedy_value(gym_id: str, horizon: int, table: np.ndarray | None = None):
+    """Expected undiscounted return over `horizon` steps from gymnasium's start distribution: the optimum by
+    finite-horizon value iteration, and (given a Q table) that of the table's greedy policy, evaluated exactly."""
+    env = gym.make(gym_id).unwrapped
+    P, start, states, num_actions = env.P, env.initial_state_distrib, range(env.observation_space.n), env.action_space.n
+    v_opt, v_pi = np.zeros(len(states)), np.zeros(len(states))
+    policy = table.argmax(1) if table is not None else None
+    for _ in range(horizon):
+        v_opt = np.array([max(expected_step(P, s, a, v_opt) for a in range(num_actions)) for s in states])
+        if policy is not None:
+            v_pi = np.array([expected_step(P, s, policy[s], v_pi) for s in states])
+    return float(start @ v_opt), float(start @ v_pi)
+
+
+def train_with_defaults(env_id: str, tmp_path, seed: int = 1):
+    proc = run_algorithm("qlearning", "--env-id", env_id, "--seed", str(seed), "--save-model", cwd=tmp_path)
+    run = only_run(tmp_path)
+    model = torch.load(run / "qlearning.model", weights_only=False)
+    assert model["args"]["env_id"] == env_id
+    return proc, run, model["q"].numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The update
+# ---------------------------------------------------------------------------------------------------------------
+def test_q_update_by_hand_with_terminal_truncated_reset_step_and_duplicates():
+    q = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=torch.float64)
+    f = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    # 0: (s0, a0) r 1 -> s1, target 1 + 0.5 * max Q(s1) = 3
+    # 1: (s1, a1) r 2 -> s2 terminated: target 2, no bootstrap
+    # 2: (s1, a0) r 1 -> s2 truncated: bootstraps, target 1 + 0.5 * 6 = 4
+    # 3: reset step after a done (valid 0): no change to (s2, a1)
+    # 4: (s0, a0) again, r 3 -> s1: target 5; with item 0, mean target 4 and step 1 - (1 - 0.5)^2 = 0.75
+    td_error = qlearning.q_update(
+        q,
+        torch.tensor([0, 1, 1, 2, 0]),
+        torch.tensor([0, 1, 0, 1, 0]),
+        f([1.0, 2.0, 1.0, 0.0, 3.0]),
+        torch.tensor([1, 2, 2, 0, 1]),
+        f([0, 1, 0, 0, 0]),
+        f([1, 1, 1, 0, 1]),
+        gamma=0.5,
+        lr=0.5,
+    )
+    expected = [[1.0 + 0.75 * (4.0 - 1.0), 2.0], [3.0 + 0.5 * (4.0 - 3.0), 4.0 + 0.5 * (2.0 - 4.0)], [5.0, 6.0]]
+    np.testing.assert_allclose(q.numpy(), expected)
+    assert td_error.item() == pytest.approx((2.0 + 2.0 + 1.0 + 4.0) / 4)
+
+
+def reference_q_update(q, batch, gamma, lr):
+    """The documented rule in plain loops: targets from the table before the batch; a pair seen n times moves to
+    the mean of its targets by 1 - (1 - lr)^n."""
+    new = q.copy()
+    targets: dict[tuple[int, int], list[float]] = {}
+    for s, a, r, s2, term, valid in batch:
+        if valid:
+            targets.setdefault((s, a), []).append(r + gamma * q[s2].max() * (1 - term))
+    for (s, a), ts in targets.items():
+        new[s, a] = q[s, a] + (1 - (1 - lr) ** len(ts)) * (np.mean(ts) - q[s, a])
+    return new
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_q_update_matches_reference_and_ignores_the_order_of_duplicates(seed):
+    rng = np.random.default_rng(seed)
+    q0 = rng.normal(size=(4, 3))
+    n = 64  # many duplicates among 12 pairs
+    batch = list(
+        zip(*(rng.integers(0, 4, n), rng.integers(0, 3, n), rng.normal(size=n), rng.integers(0, 4, n),
+              rng.random(n) < 0.2, rng.random(n) < 0.9), strict=True)
+    )  # fmt: skip
+    expected = reference_q_update(q0, batch, gamma=0.9, lr=0.3)
+    for order in (np.arange(n), rng.permutation(n)):
+        s, a, r, s2, term, valid = (torch.tensor(np.array([batch[i][k] for i in order])) for k in range(6))
+        q = torch.tensor(q0)
+        qlearning.q_update(q, s, a, r, s2, term.double(), valid.double(), gamma=0.9, lr=0.3)
+        np.testing.assert_allclose(q.numpy(), expected, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The exact optimum on toy text
+# ---------------------------------------------------------------------------------------------------------------
+def test_envpool_toy_text_has_the_dynamics_of_gymnasiums_tables():
+    """Every transition envpool makes is one gymnasium's P table allows, so the exact figures below hold for the envs
+    the script trains on. (envpool's Taxi also starts with the passenger at the destination; gymnasium's does not.)"""
+    rng = np.random.default_rng(0)
+    for env_id, gym_id in GYMNASIUM_ID.items():
+        P = gym.make(gym_id).unwrapped.P
+        envs = qlearning.make_env(env_id, 16, seed=0)
+        obs, _ = envs.reset()
+        valid, slips = np.ones(16, dtype=bool), 0
+        for _ in range(300):
+            actions = rng.integers(0, len(P[0]), 16)
+            next_obs, reward, term, trunc, _ = envs.step(actions)
+            for i in np.flatnonzero(valid & ~trunc):
+                outcomes = [(s2, r, d) for _, s2, r, d in P[int(obs[i])][int(actions[i])]]
+                assert (int(next_obs[i]), float(reward[i]), bool(term[i])) in outcomes, (env_id, obs[i], actions[i])
+                slips += len(outcomes) > 1
+            valid, obs = ~(term | trunc), next_obs
+        assert (slips > 0) == (env_id == "FrozenLake-v1")  # slippery as gymnasium's, the others deterministic
+        envs.close()
+
+
+def test_frozenlake_greedy_policy_within_002_of_the_exact_optimum(tmp_path):
+    """Slippery 4x4, 100-step limit: the optimum success probability is 0.744 (a time-dependent policy); the best
+    greedy policy of a discounted table, 0.7402. Seeds 1-5 all end at 0.7402 with the defaults (300k steps), and
+    stay within 0.02 from 40k-220k steps on."""
+    proc, run, table = train_with_defaults("FrozenLake-v1", tmp_path)
+    optimum, greedy = optimum_and_greedy_value("FrozenLake-v1", 100, table)
+    assert optimum == pytest.approx(0.744, abs=5e-4)
+    assert greedy >= optimum - 0.02
+    # shown: the text grid, the picture next to the logs, the exact curve and the reloaded table's evaluation
+    assert "greedy policy:\n" in proc.stdout and re.search(r"\n[←↓→↑] H [←↓→↑] H\n", proc.stdout)
+    assert (run / "policy.png").stat().st_size > 5000
+    assert values(run, "eval/exact_return")[-1] == pytest.approx(greedy)
+    assert len(values(run, "eval/episodic_return")) == 1000
+    assert abs(np.mean(values(run, "eval/episodic_return")) - greedy) < 0.05  # 1000 episodes: 3.6 standard errors
+
+
+def test_cliffwalking_greedy_return_is_the_optimum_minus_13(tmp_path):
+    """No time limit in the env: the preset caps episodes at 100 steps (truncated, bootstrapped)."""
+    _, _, table = train_with_defaults("CliffWalking-v0", tmp_path)
+    optimum, greedy = optimum_and_greedy_value("CliffWalking-v1", 100, table)
+    assert optimum == -13.0 and greedy == -13.0
+
+
+def test_taxi_greedy_mean_return_over_start_states_within_01_of_the_optimum(tmp_path):
+    _, _, table = train_with_defaults("Taxi-v3", tmp_path)
+    optimum, greedy = optimum_and_greedy_value("Taxi-v4", 200, table)
+    assert optimum == pytest.approx(7.93, abs=1e-9)
+    assert greedy >= optimum - 0.1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Discretiser, episode cap
+# ---------------------------------------------------------------------------------------------------------------
+def test_discretiser_maps_bounds_edges_and_out_of_range_values_to_the_right_cells():
+    space = gym.spaces.Box(np.array([-1.0, 0.0]), np.array([1.0, 10.0]), dtype=np.float64)
+    grid = qlearning.make_grid(space, 4, None, None)  # edges at -0.5, 0, 0.5 and 2.5, 5, 7.5
+    obs = torch.tensor(
+        [
+            [-1.0, 0.0],  # the lower bounds: first cell
+            [1.0, 10.0],  # the upper bounds: last cell
+            [-7.0, 99.0],  # out of range: the edge cells
+            [-0.5, 2.5],  # on an inner edge: the cell above
+            [0.49, 7.49],
+            [0.0, 5.0],
+        ],
+        dtype=torch.float64,
+    )
+    cells = [(0, 0), (3, 3), (0, 3), (1, 1), (2, 2), (2, 2)]
+    assert qlearning.discretise(obs, grid).tolist() == [4 * i + j for i, j in cells]
+    assert grid.num_states == 16
+    assert qlearning.discretise(torch.tensor([3, 0, 15], dtype=torch.int32), qlearning.Grid()).tolist() == [3, 0, 15]
+    # bounds given as flags replace the space's
+    given = qlearning.make_grid(space, 2, (0.0, 0.0), (2.0, 1.0))
+    assert qlearning.discretise(torch.tensor([[0.99, 0.5]], dtype=torch.float64), given).tolist() == [1]
+
+
+def test_episode_cap_truncates_then_resets_on_the_next_step():
+    """envpool's CliffWalking ignores max_episode_steps; the cap truncates at 5 steps with next-step autoreset."""
+    envs = qlearning.make_env("CliffWalking-v0", 2, seed=0, max_episode_steps=5)
+    obs, _ = envs.reset()
+    assert obs.tolist() == [36, 36]
+    up_then_right = [np.array([0, 1])] * 7  # env 0 walks into the top wall, env 1 into the cliff (back to the start)
+    seen = [envs.step(a) for a in up_then_right]
+    assert [s[3].tolist() for s in seen] == [[False, False]] * 4 + [[True, True]] + [[False, False]] * 2
+    assert seen[5][0].tolist() == [36, 36] and seen[5][1].tolist() == [0.0, 0.0]  # the reset step
+    assert seen[4][0].tolist() == [0, 36] and seen[6][0].tolist() == [24, 36]  # real last observation, then going on
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "env_id, flags, states",
+    [
+        ("MountainCar-v0", ["--total-timesteps", "20000", "--eval-every", "10000", "--eval-episodes", "5"], 400),
+        ("corridor_env:Corridor-v0", ["--total-timesteps", "5000", "--bins", "2", "--num-envs", "4"], 32),
+    ],
+)
+def test_box_observations_train_save_reload_and_evaluate(env_id, flags, states, tmp_path, test_env):
+    proc = run_algorithm("qlearning", "--env-id", env_id, "--save-model", *flags, cwd=tmp_path, env=test_env)
+    run = only_run(tmp_path)
+    assert f"model: {run.relative_to(tmp_path) / 'qlearning.model'}" in proc.stdout
+    assert "tensorboard logs:" in proc.stdout.splitlines()[-1]
+    tags = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate", "charts/epsilon"}
+    assert tags | {"losses/td_error", "eval/episodic_return"} <= set(scalars(run))
+    model = torch.load(run / "qlearning.model", weights_only=False)
+    assert model["q"].shape[0] == states and model["q"].abs().sum() > 0
+    assert model["grid"]["bins"] == (int(flags[flags.index("--bins") + 1]) if "--bins" in flags else 20)
+    if "--eval-every" in flags:  # one periodic evaluation (its mean), then the final one's five episodes
+        assert [s for s, _, _ in scalars(run)["eval/episodic_return"]] == [10048] + [19968] * 5
+
+
+def test_same_seed_same_run_on_cpu(tmp_path):
+    runs = []
+    for i, seed in enumerate((7, 7, 8)):
+        run_algorithm("qlearning", "--seed", str(seed), "--total-timesteps", "30000", "--log-every", "1000",
+                      "--exp-name", f"s{i}", "--save-model", "--eval-episodes", "50", cwd=tmp_path)  # fmt: skip
+        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
+        table = torch.load(run / "qlearning.model", weights_only=False)["q"]
+        runs.append([values(run, t) for t in ("charts/episodic_return", "losses/td_error")] + [table.tolist()])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def write_foreign_checkpoint(path):
+    torch.save({"args": {"env_id": "Taxi-v3"}, "q": torch.zeros(1)}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--env-id", "Pendulum-v1"], r"needs a Discrete action space .*Pendulum-v1 has Box"),
+        (["--env-id", "FrozenLak-v1"], r"unknown env id 'FrozenLak-v1'.*did you mean FrozenLake-v1"),
+        (["--env-id", "CartPole-v1", "--obs-low", "-1", "-1", "-1", "-1", "--obs-high", "1", "inf", "1", "1"],
+         r"unbounded in some dimensions; give the grid's bounds with --obs-low and --obs-high \(4 values each\)"),
+        (["--env-id", "MountainCar-v0", "--obs-low", "0"], r"need 2 values each"),
+        (["--total-timesteps", "10"], r"less than one step of the 64 envs"),
+        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
+        (["--resume", "FOREIGN"], r"is for Taxi-v3, not FrozenLake-v1; pass --env-id Taxi-v3"),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
+    proc = run_algorithm("qlearning", *flags, cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("qlearning.py: error:")]
+    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
+    """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
+    purges the events logged after it. Either way the curve has every logging step exactly once."""
+    total, log_every = 400_000, 6400  # 100 vector steps of 64 envs per log
+    cmd = [sys.executable, str(ROOT / "algorithms" / "qlearning.py"), "--total-timesteps", str(total)]
+    cmd += ["--progress-interval", "0", "--log-every", str(log_every), "--checkpoint-every", "64000"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
+        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 96_000:
+            proc.send_signal(sig)
+            break
+    proc.communicate(timeout=120)
+    assert proc.returncode in (128 + sig, -sig)
+    run = only_run(tmp_path)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert 64_000 <= ckpt["global_step"] < total
+    resumed = run_algorithm("qlearning", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
+    assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
+    assert only_run(tmp_path) == run  # the same tensorboard run goes on
+    steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
+    assert steps == list(range(log_every, total - total % 64 + 1, log_every)) + [total - total % 64]
+    # the schedules went on from the checkpoint: the last learning rate is the end of the decay
+    assert values(run, "charts/learning_rate")[-1] == pytest.approx(0.01, abs=1e-4)
