@@ -404,9 +404,9 @@ class RMSpropTF(torch.optim.Optimizer):
 
 
 def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
-    # RMSprop with alpha 0.99 and eps 1e-5, as Baselines and SB3. PyTorch's default eps, 1e-8, lets a parameter
-    # whose gradients have stayed near zero take a step of about lr when a gradient arrives; Mnih et al. 2016
-    # tuned A3C with TensorFlow's RMSprop, whose epsilon is larger and sits inside the square root.
+    # alpha 0.99 and eps 1e-5 as Baselines and SB3, not PyTorch's eps 1e-8: the step is lr * g / (sqrt(mean g^2) + eps),
+    # so a tiny eps blows near-zero gradients up to full-size steps, noise with a 5-step rollout; 1e-5 damps them.
+    # A3C was tuned with TensorFlow's RMSprop (Mnih et al. 2016), whose eps sits inside the root: --rmsprop-tf-like.
     if args.rmsprop_tf_like:
         return RMSpropTF(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
     return torch.optim.RMSprop(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
