@@ -246,8 +246,6 @@ def write_foreign_checkpoint(path):
         (["--env-id", "FrozenLak-v1"], r"unknown env id 'FrozenLak-v1'.*did you mean FrozenLake-v1"),
         (["--env-id", "CartPole-v1", "--obs-low", "-1", "-1", "-1", "-1", "--obs-high", "1", "inf", "1", "1"],
          r"unbounded in some dimensions; give the grid's bounds with --obs-low and --obs-high \(4 values each\)"),
-        (["--env-id", "MountainCar-v0", "--obs-low", "0"], r"need 2 values each"),
-        (["--total-timesteps", "10"], r"less than one step of the 64 envs"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Taxi-v3, not FrozenLake-v1; pass --env-id Taxi-v3"),
     ],
@@ -265,19 +263,19 @@ def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
 def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
     """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
     purges the events logged after it. Either way the curve has every logging step exactly once."""
-    total, log_every = 400_000, 6400  # 100 vector steps of 64 envs per log
+    total, log_every = 200_000, 3200  # 50 vector steps of 64 envs per log
     cmd = [sys.executable, str(ROOT / "algorithms" / "qlearning.py"), "--total-timesteps", str(total)]
-    cmd += ["--progress-interval", "0", "--log-every", str(log_every), "--checkpoint-every", "64000"]
+    cmd += ["--progress-interval", "0", "--log-every", str(log_every), "--checkpoint-every", "32000"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 96_000:
+        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 48_000:
             proc.send_signal(sig)
             break
     proc.communicate(timeout=120)
     assert proc.returncode in (128 + sig, -sig)
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
-    assert 64_000 <= ckpt["global_step"] < total
+    assert 32_000 <= ckpt["global_step"] < total
     resumed = run_algorithm("qlearning", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
     assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
     assert only_run(tmp_path) == run  # the same tensorboard run goes on
