@@ -18,7 +18,7 @@
 # Classic control takes a few minutes a run on a 2-core CPU; Atari 10M steps wants a GPU (and 8 GB of memory for
 # the 1M-transition replay buffer).
 #   speed:  SPS and the time split (env steps / updates / the rest) on CartPole-v1 with the classic preset and on
-#           Breakout-v5 with the atari preset shortened to 50k steps (learning from step 10k).
+#           Breakout-v5 with the atari preset shortened to 20k steps (learning from step 10k).
 #   memory: fills the atari preset's 1M-transition replay buffer with real Breakout frames (REAL_STEPS of play,
 #           default 1M, then those frames again) and prints its size and the process's peak RSS.
 set -euo pipefail
@@ -38,7 +38,7 @@ if [[ $family == atari || $family == all ]]; then
 fi
 if [[ $family == speed ]]; then
   python algorithms/dqn.py --env-id CartPole-v1 --total-timesteps 100000 --exp-name speed | tail -4
-  python algorithms/dqn.py --env-id Breakout-v5 --total-timesteps 50000 --learning-starts 10000 --exp-name speed | tail -4
+  python algorithms/dqn.py --env-id Breakout-v5 --total-timesteps 20000 --learning-starts 10000 --exp-name speed | tail -4
 fi
 if [[ $family == memory ]]; then
   REAL_STEPS="${REAL_STEPS:-1000000}" python - <<'EOF'

@@ -266,5 +266,12 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
 # Learning
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.learning
-def test_dqn_cartpole_reaches_475_with_the_classic_preset():
-    """Placeholder, replaced once measured."""
+def test_dqn_cartpole_reaches_475_with_the_classic_defaults(tmp_path):
+    """The classic preset (CleanRL dqn.py: 500k steps, epsilon 1 -> 0.05 over 250k). Measured on 2 loaded CPU
+    cores: seeds 1-3 all end at a mean of 500.0 over the last 20 episodes and first reach 475 at 287k, 257k and
+    254k steps, so the check has over 200k steps of slack. Shorter budgets are not safe: 100k and 200k ended under
+    475 for 4 of 5 and 2 of 3 seeds (DQN on CartPole oscillates until epsilon has decayed). About 100 s at 5,000 SPS,
+    150-190 s at the 2,700-3,500 SPS measured under load."""
+    run_algorithm("dqn", "--seed", "1", cwd=tmp_path, timeout=900)
+    returns = values(only_run(tmp_path), "charts/episodic_return")
+    assert len(returns) >= 20 and np.mean(returns[-20:]) >= 475
