@@ -387,7 +387,7 @@ def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, titl
     special = np.array([[c in "HGC" for c in row] for row in rows])
     fig, ax = plt.subplots(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
     im = ax.imshow(np.ma.masked_array(values, special), cmap="viridis")
-    fig.colorbar(im, ax=ax, label="max_a Q(s, a)", fraction=0.046 if w > h else 0.1)
+    fig.colorbar(im, ax=ax, label="V(s) = max_a Q(s, a), discounted", fraction=0.046 if w > h else 0.1)
     dx = {"←": (-1, 0), "→": (1, 0), "↑": (0, -1), "↓": (0, 1)}
     names = {"H": "hole", "G": "goal", "C": "cliff"}
     for i in range(h):
@@ -533,7 +533,7 @@ def main(args: Args) -> None:
 
     # exact evaluation where gymnasium has the transition table: the optimum and the greedy policy's value
     limit = env_time_limit(args.env_id)
-    horizon = min(h for h in (limit, args.max_episode_steps or None) if h) if (limit or args.max_episode_steps) else None
+    horizon = min([h for h in (limit, args.max_episode_steps) if h], default=None)
     tables = transition_tables(args.env_id) if grid.bins == 0 and horizon else None
     optimum = exact_return(tables, None, horizon) if tables else None
     if optimum is not None:
