@@ -283,7 +283,7 @@ def q_update(q, states, actions, rewards, next_states, terminations, valid, gamm
     reset step that follows a done. Duplicates: every target is computed from the table as it was before the batch,
     and a pair that occurs n times moves towards the mean of its n targets by 1 - (1 - lr)^n, what n updates in a
     row would do with equal targets. (Plain `q[s, a] += ...` keeps one arbitrary duplicate: last write wins on the CPU,
-    undefined on CUDA. index_add_ counts every duplicate, and its result does not depend on their order.)
+    undefined on CUDA. index_add_ counts every duplicate, and its result does not depend on their order, up to rounding.)
     Returns the mean |TD error| over the valid transitions.
     """
     num_actions = q.shape[1]
