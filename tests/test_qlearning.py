@@ -147,13 +147,16 @@ def test_frozenlake_greedy_policy_within_002_of_the_exact_optimum(tmp_path):
 
 
 def test_cliffwalking_greedy_return_is_the_optimum_minus_13(tmp_path):
-    """No time limit in the env: the preset caps episodes at 100 steps (truncated, bootstrapped)."""
+    """No time limit in the env: the preset caps episodes at 100 steps (truncated, bootstrapped). Seeds 1-3 reach
+    -13 by 10k-20k steps of the default 100k."""
     _, _, table = train_with_defaults("CliffWalking-v0", tmp_path)
     optimum, greedy = optimum_and_greedy_value("CliffWalking-v1", 100, table)
     assert optimum == -13.0 and greedy == -13.0
 
 
 def test_taxi_greedy_mean_return_over_start_states_within_01_of_the_optimum(tmp_path):
+    """Over gymnasium's 300 start states, 200-step limit. Seeds 1-3 end at exactly 7.93 with the defaults (300k
+    steps) and are within 0.1 from 80k-100k steps on."""
     _, _, table = train_with_defaults("Taxi-v3", tmp_path)
     optimum, greedy = optimum_and_greedy_value("Taxi-v4", 200, table)
     assert optimum == pytest.approx(7.93, abs=1e-9)
