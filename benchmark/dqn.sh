@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# DQN: the exact commands that reproduce CleanRL's published DQN results, 3 seeds each.
-# Each run logs to runs/<env>__dqn__<seed>__<time>/; the reference figures live in benchmark/references.csv.
+# DQN: the exact commands that reproduce CleanRL's published DQN results, 3 seeds each, through the runner.
+# The preset comes from the env's spaces (--preset auto), and with it the budget; the reference figures live in
+# benchmark/references.csv, and each family's plots and table go to benchmark/results/dqn_<family>/.
 #
 #   env               steps  preset   reference (CleanRL's published tables, docs.cleanrl.dev DQN page)
 #   CartPole-v1       500k   classic  488.69 +- 16.11     (dqn.py)
@@ -14,7 +15,7 @@
 # life, FIRE on reset, clipped rewards, 84x84 grey, 4-frame stacks, no sticky actions): envpool's -v5 defaults
 # with episodic life and reward clipping, as the atari preset sets them.
 #
-# Usage: bash benchmark/dqn.sh [classic|atari|all|speed|memory]   (SEEDS="1 2 3" by default)
+# Usage: bash benchmark/dqn.sh [classic|atari|all|speed|memory]
 # Classic control takes a few minutes a run on a 2-core CPU; Atari 10M steps wants a GPU (and 8 GB of memory for
 # the 1M-transition replay buffer).
 #   speed:  SPS and the time split (env steps / updates / the rest) on CartPole-v1 with the classic preset and on
@@ -23,19 +24,17 @@
 #           default 1M, then those frames again) and prints its size and the process's peak RSS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEEDS="${SEEDS:-1 2 3}"
 family="${1:-classic}"
 
-run() {  # run ENV: the preset is chosen from the env's spaces (--preset auto); the budget is the preset's
-  for seed in $SEEDS; do python algorithms/dqn.py --env-id "$1" --seed "$seed" --eval-every 0; done
+bench() {  # bench NAME ENV...: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
+  local name=$1
+  shift
+  python benchmark/run.py --algo dqn --name "$name" --seeds 3 --env-ids "$@"
+  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
 }
 
-if [[ $family == classic || $family == all ]]; then
-  for env in CartPole-v1 Acrobot-v1 MountainCar-v0; do run "$env"; done
-fi
-if [[ $family == atari || $family == all ]]; then
-  for env in Pong-v5 Breakout-v5 BeamRider-v5; do run "$env"; done
-fi
+if [[ $family == classic || $family == all ]]; then bench dqn_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
+if [[ $family == atari || $family == all ]]; then bench dqn_atari Pong-v5 Breakout-v5 BeamRider-v5; fi
 if [[ $family == speed ]]; then
   python algorithms/dqn.py --env-id CartPole-v1 --total-timesteps 100000 --exp-name speed | tail -4
   python algorithms/dqn.py --env-id Breakout-v5 --total-timesteps 20000 --learning-starts 10000 --exp-name speed | tail -4

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Tabular Q-learning: the exact commands of the benchmark, 3 seeds each, with each env's preset (its defaults).
-# Each run logs to runs/<env>__qlearning__<seed>__<time>/ (with policy.png for the grid worlds) and prints the exact
-# return of its greedy policy, computed from gymnasium's transition table, beside the exact optimum; the reference
-# figures live in benchmark/references.csv.
+# Tabular Q-learning: the exact commands of the benchmark, 3 seeds each, with each env's preset (its defaults), through
+# the runner. Each run logs the exact return of its greedy policy (eval/exact_return, computed from gymnasium's
+# transition table) and prints it beside the exact optimum, and when it came within the tolerance of it; the report
+# (benchmark/results/qlearning_<family>/) compares the exact return with the optimum in benchmark/references.csv, and
+# optimum_reached.txt beside it collects each run's step and training time to the optimum.
 #
 #   env               steps  optimum (exact, value iteration over the env's own time limit)
 #   FrozenLake-v1     300k   0.7442  success probability, 100-step limit (best greedy policy of a table: 0.7402)
@@ -16,20 +17,20 @@
 # The optimum is a time-dependent policy; a Q table's greedy policy is the same at every step, so on the FrozenLakes
 # the best it can reach is the figure in brackets (the greedy policy of the exact discounted Q).
 #
-# Usage: bash benchmark/qlearning.sh [toytext|classic|all]   (SEEDS="1 2 3" by default)
+# Usage: bash benchmark/qlearning.sh [toytext|classic|all]
 # On a 2-core CPU a toy-text run takes 5-15 s (FrozenLake8x8 about a minute), MountainCar about a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SEEDS="${SEEDS:-1 2 3}"
 family="${1:-all}"
 
-run() {  # run ENV: the env's preset; --save-model reloads the table and evaluates it over 1000 episodes
-  for seed in $SEEDS; do python algorithms/qlearning.py --env-id "$1" --seed "$seed" --save-model --progress-interval 30; done
+bench() {  # bench NAME ENV...: 3 seeds of each env with --save-model (the reloaded table evaluated over 1000 episodes)
+  local name=$1
+  shift
+  python benchmark/run.py --algo qlearning --name "$name" --seeds 3 --env-ids "$@" -- --save-model --progress-interval 30
+  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
+  grep -H "of the optimum from step" "benchmark/runs/$name"/logs/*.log | sed 's|.*/logs/||' \
+    >"benchmark/results/$name/optimum_reached.txt" || true
 }
 
-if [[ $family == toytext || $family == all ]]; then
-  for env in FrozenLake-v1 FrozenLake8x8-v1 Taxi-v3 CliffWalking-v0; do run "$env"; done
-fi
-if [[ $family == classic || $family == all ]]; then
-  run MountainCar-v0
-fi
+if [[ $family == toytext || $family == all ]]; then bench qlearning_toytext FrozenLake-v1 FrozenLake8x8-v1 Taxi-v3 CliffWalking-v0; fi
+if [[ $family == classic || $family == all ]]; then bench qlearning_classic MountainCar-v0; fi

@@ -4,8 +4,9 @@
 
 Writes returns_vs_steps.png and returns_vs_time.png (one panel per env: mean over seeds, shaded +- one standard
 deviation) and report.md: per env, the mean and standard deviation over seeds of each run's mean return over its
-last 100 training episodes (the definition of CleanRL and openrlbenchmark), SPS, wall time, and the reference from
-benchmark/references.csv with its source. A run that crashed or logged no episode is listed as such, never
+last 100 training episodes (the definition of CleanRL and openrlbenchmark), SPS, wall time, the evaluation of the
+reloaded --save-model model where there is one, the exact greedy return where a tabular run logs it, and the
+reference from benchmark/references.csv with its source. A run that crashed or logged no episode is listed as such, never
 averaged in.
 """
 
@@ -47,7 +48,16 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
     out["sps"] = scalars["charts/SPS"][-1][1] if "charts/SPS" in scalars else float("nan")
     out["wall"] = job["end"] - job["start"]
     out["total_steps"] = max(s for tag in scalars.values() for s, _, _ in tag)
+    # the evaluation of the reloaded --save-model model: every episode is logged at the run's last step
+    evals = scalars.get("eval/episodic_return", [])
+    out["final_eval"] = float(np.mean([v for s, v, _ in evals if s == evals[-1][0]])) if evals else None
+    # tabular runs on toy text log the exact return of their greedy policy (no sampling): the figure to compare
+    out["exact"] = scalars["eval/exact_return"][-1][1] if "eval/exact_return" in scalars else None
     return out
+
+
+def mean_std(xs: list[float]) -> str:
+    return f"{np.mean(xs):.{3 if abs(np.mean(xs)) < 10 else 1}f} +- {np.std(xs):.{3 if abs(np.mean(xs)) < 10 else 1}f}"
 
 
 def compare(mean: float, std: float, ref: dict | None) -> str:
@@ -62,8 +72,12 @@ def table(algo: str, runs: list[dict], references: dict) -> str:
     lines = [
         f"# {algo}: mean return of the last {LAST_EPISODES} training episodes, mean +- std over seeds",
         "",
-        "| env | seeds ok | return | SPS | wall time | steps | reference | source | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "`final eval`: the reloaded `--save-model` model's evaluation, where the runs made one. `exact greedy`: the exact",
+        "return of the greedy policy (tabular runs on toy text); where it is there, the verdict compares it, not the",
+        "training return, with the reference (the exact optimum).",
+        "",
+        "| env | seeds ok | return | SPS | wall time | steps | final eval | exact greedy | reference | source | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     problems = []
     for env_id in dict.fromkeys(r["env_id"] for r in runs):
@@ -74,15 +88,21 @@ def table(algo: str, runs: list[dict], references: dict) -> str:
         ref_text = f"{ref['mean']}" + (f" +- {ref['std']}" if ref and ref["std"] else "") if ref else "-"
         source = f"{ref['source']} ({int(ref['steps']):,} steps)" if ref else "-"
         if not ok:
-            lines.append(f"| {env_id} | 0/{len(env_runs)} | no result | - | - | - | {ref_text} | {source} | **failed** |")
+            lines.append(
+                f"| {env_id} | 0/{len(env_runs)} | no result | - | - | - | - | - | {ref_text} | {source} | **failed** |"
+            )
             continue
         finals = np.array([r["final"] for r in ok])
-        mean, std = finals.mean(), finals.std()
-        verdict = compare(mean, std, ref) if len(ok) == len(env_runs) else f"{compare(mean, std, ref)}; runs missing"
+        evals = [r["final_eval"] for r in ok if r["final_eval"] is not None]
+        exacts = [r["exact"] for r in ok if r["exact"] is not None]
+        scored = np.array(exacts) if len(exacts) == len(ok) else finals
+        verdict = compare(scored.mean(), scored.std(), ref)
+        verdict = verdict if len(ok) == len(env_runs) else f"{verdict}; runs missing"
         lines.append(
-            f"| {env_id} | {len(ok)}/{len(env_runs)} | {mean:.1f} +- {std:.1f} | {np.mean([r['sps'] for r in ok]):,.0f} "
-            f"| {np.mean([r['wall'] for r in ok]) / 60:.1f} min | {int(np.mean([r['total_steps'] for r in ok])):,} "
-            f"| {ref_text} | {source} | {verdict} |"
+            f"| {env_id} | {len(ok)}/{len(env_runs)} | {mean_std(finals)} "
+            f"| {np.mean([r['sps'] for r in ok]):,.0f} | {np.mean([r['wall'] for r in ok]) / 60:.1f} min "
+            f"| {int(np.mean([r['total_steps'] for r in ok])):,} | {mean_std(evals) if evals else '-'} "
+            f"| {mean_std(exacts) if exacts else '-'} | {ref_text} | {source} | {verdict} |"
         )
     if problems:
         lines += ["", "Runs without a result (not averaged in):", *problems]

@@ -34,12 +34,19 @@ def test_runner_reports_a_crashed_run(tmp_path):
     assert "unknown env id" in (bench / job["log"]).read_text()
 
 
-def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0) -> dict:
+def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0, evals=(), exact=()) -> dict:
+    """A run's events: training episodes, SPS, then `exact` (exact greedy returns) and `evals` (the final
+    evaluation's episodes, all at the last step, as the scripts log them)."""
     run_dir = f"runs/{env_id}__ppo__{seed}__1"
     writer = SummaryWriter(str(bench / run_dir))
     for i, r in enumerate(returns):
         writer.add_scalar("charts/episodic_return", r, 100 * (i + 1))
     writer.add_scalar("charts/SPS", sps, 100 * len(returns))
+    for i, r in enumerate(exact):
+        writer.add_scalar("eval/exact_return", r, 100 * (i + 1))
+    writer.add_scalar("eval/episodic_return", -1e6, 50)  # a periodic evaluation earlier in the run: not the final one
+    for r in evals:
+        writer.add_scalar("eval/episodic_return", r, 100 * len(returns))
     writer.close()
     return {"env_id": env_id, "seed": seed, "status": "done", "returncode": 0, "start": 0.0, "end": 60.0, "run_dir": run_dir}
 
@@ -79,3 +86,19 @@ def test_speed_row_compares_the_learner_with_the_env(tmp_path):
     cells = row.strip("|").split(" | ")
     learner, env = (float(c.replace(",", "")) for c in cells[4:6])
     assert 0 < learner < env and cells[6].strip(" |") == f"{learner / env:.1%}"
+
+
+def test_report_final_evaluation_and_exact_greedy_return(tmp_path):
+    """The final eval column averages the last step's evaluation episodes; where runs log an exact greedy return,
+    the verdict compares its last value (not the training return) with the reference."""
+    bench = tmp_path / "bench"
+    jobs = [
+        write_run(bench, "CartPole-v1", 1, [100.0] * 10, evals=[400.0, 500.0], exact=[0.0, 470.0]),
+        write_run(bench, "CartPole-v1", 2, [100.0] * 10, evals=[500.0, 500.0], exact=[0.0, 490.0]),
+    ]
+    (bench / "status.json").write_text(json.dumps(jobs))
+    (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
+    text = (report.main([str(bench), "--out", str(tmp_path / "r")]) / "report.md").read_text()
+    (row,) = [line.split(" | ") for line in text.splitlines() if line.startswith("| CartPole-v1")]
+    assert row[2] == "100.0 +- 0.0" and row[6:8] == ["475.0 +- 25.0", "480.0 +- 10.0"]
+    assert row[-1].startswith("ok")  # 480 +- 10 reaches the reference 490.0 +- 6.1; the training return 100 would not
