@@ -121,7 +121,10 @@ def time_limit(env_id: str) -> int:
     """The env's own episode step limit (0: none)."""
     if ":" not in env_id and env_id in envpool.list_all_envs():
         return int(envpool.make_spec(env_id).config.max_episode_steps)
-    return int(gym.spec(env_id).max_episode_steps or 0)
+    env = gym.make(env_id)  # gym.make, not gym.spec: it imports the module of a 'module:Env-v0' id
+    limit = env.spec.max_episode_steps if env.spec else None
+    env.close()
+    return int(limit or 0)
 
 
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
