@@ -208,7 +208,10 @@ def population_forward(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch
     """Every member's network on its own observation in one batched pass: x (P, obs_dim) -> (P, n_out)."""
     h = x.unsqueeze(1)
     for i, (w, b) in enumerate(layers):
-        h = torch.baddbmm(b, h, w)
+        if w.shape[1] <= 8:  # few inputs (a classic control observation): multiply-and-sum beats the CPU's bmm 2x
+            h = (h.transpose(1, 2) * w).sum(1, keepdim=True) + b
+        else:
+            h = torch.baddbmm(b, h, w)
         if i < len(layers) - 1:
             h = torch.tanh(h)
     return h.squeeze(1)
@@ -320,35 +323,59 @@ def es_gradient(shaped: torch.Tensor, noise: torch.Tensor, sigma: float) -> torc
     return weights @ noise / (shaped.numel() * sigma)
 
 
-def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device):
-    """Each env plays one episode with its member's parameters, all members in one batch, until every member is done
-    or the horizon is reached. With next-step autoreset the step after a member's done is a reset step, and the
-    steps after it belong to a new episode: none of them count, in its return, length or observation statistics.
+def rollout(pools: list, layer_parts: list, shift, scale, low, high, horizon: int, device: torch.device):
+    """Each env plays one episode with its member's parameters until every member is done or the horizon is reached.
+
+    The members come in parts, one vector env and one batch of stacked parameters each (pools[k], layer_parts[k]).
+    With two parts they take turns: while envpool steps one part in its own threads (send), the main thread
+    computes the other part's actions, so env stepping and the batched forward pass overlap (recv waits for the
+    part's step). With next-step autoreset the step after a member's done is a reset step, and the steps after it
+    belong to a new episode: none of them count, in its return, length or observation statistics.
 
     Returns fitness (float64), lengths, per-member sums of the observations acted on and of their squares, as one
-    (members, 2 + 2 obs_dim) float64 array (what the processes exchange), and the env steps taken (done or not).
+    (members, 2 + 2 obs_dim) float64 array in part order (what the processes exchange), and the env steps taken
+    (done or not).
     """
-    obs, _ = envs.reset()
-    num = obs.shape[0]
-    alive = np.ones(num, dtype=bool)
-    fitness, lengths = np.zeros(num), np.zeros(num)
-    obs_sum, obs_sq = np.zeros(obs.shape), np.zeros(obs.shape)
-    steps = 0
-    for _ in range(horizon):
-        o = np.asarray(obs, dtype=np.float64) * alive[:, None]
-        obs_sum += o
-        obs_sq += o * o
-        x = normalize_obs(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
+    parts = []
+    for envs in pools:
+        obs, _ = envs.reset()
+        num = obs.shape[0]
+        parts.append(dict(obs=obs, alive=np.ones(num, dtype=bool), fitness=np.zeros(num), lengths=np.zeros(num),
+                          obs_sum=np.zeros(obs.shape), obs_sq=np.zeros(obs.shape), action=None))  # fmt: skip
+
+    def send(k: int) -> None:
+        part = parts[k]
+        o = np.asarray(part["obs"], dtype=np.float64) * part["alive"][:, None]
+        part["obs_sum"] += o
+        part["obs_sq"] += o * o
+        x = normalize_obs(torch.as_tensor(part["obs"], dtype=torch.float32, device=device), shift, scale)
         with torch.no_grad():
-            action = to_action(population_forward(layers, x), low, high).cpu().numpy()
-        obs, reward, term, trunc, _ = envs.step(action)
-        steps += num
-        fitness += np.where(alive, reward, 0.0)
-        lengths += alive
-        alive &= ~(term | trunc)
-        if not alive.any():
+            part["action"] = to_action(population_forward(layer_parts[k], x), low, high).cpu().numpy()
+        if hasattr(pools[k], "send"):  # envpool: step in the background; gymnasium steps in recv()
+            pools[k].send(part["action"])
+
+    def recv(k: int):
+        return pools[k].recv() if hasattr(pools[k], "send") else pools[k].step(parts[k]["action"])
+
+    active, steps = list(range(len(pools))), 0
+    for k in active:
+        send(k)
+    for t in range(horizon):
+        for k in list(active):
+            part = parts[k]
+            part["obs"], reward, term, trunc, _ = recv(k)
+            steps += len(reward)
+            part["fitness"] += np.where(part["alive"], reward, 0.0)
+            part["lengths"] += part["alive"]
+            part["alive"] &= ~(term | trunc)
+            if part["alive"].any() and t < horizon - 1:
+                send(k)
+            else:
+                active.remove(k)
+        if not active:
             break
-    return np.concatenate([fitness[:, None], lengths[:, None], obs_sum, obs_sq], axis=1), steps
+    columns = ("fitness", "lengths", "obs_sum", "obs_sq")
+    return np.concatenate([np.column_stack([part[c] for c in columns]) for part in parts]), steps
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -537,6 +564,8 @@ def main(args: Args) -> None:
     if continuous:
         low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in (action_space.low, action_space.high))
     my_pairs = range(first_member // 2, (first_member + members) // 2)
+    # two halves of this process's members, in two vector envs that step in turns (see rollout)
+    halves = [slice(0, members // 2), slice(members // 2, members)]
     all_pairs = range(args.population_size // 2)
 
     def sync_policy() -> None:
@@ -576,13 +605,15 @@ def main(args: Args) -> None:
         with torch.no_grad():
             noise = pair_noise(args.seed, generation, all_pairs, theta.numel(), device)
             thetas = perturb(theta.detach(), noise[my_pairs.start : my_pairs.stop], args.sigma)
-            layers = stack_layers(thetas, layer_shapes)
         shift, scale = frozen_normalizer(obs_rms, obs_dim, device)
 
-        # --- rollout: one episode per member, the whole slice in one batch; env i plays member first_member + i ---
-        envs = make_env(args.env_id, members, generation_env_seed(args.seed, generation) + first_member)
-        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device)
-        envs.close()
+        # --- rollout: one episode per member, in two halves that take turns; member m plays env seed base + m ---
+        base = generation_env_seed(args.seed, generation) + first_member
+        pools = [make_env(args.env_id, half.stop - half.start, base + half.start) for half in halves]
+        results, _ = rollout(pools, [stack_layers(thetas[half], layer_shapes) for half in halves], shift, scale, low, high,
+                             args.horizon, device)  # fmt: skip
+        for envs in pools:
+            envs.close()
 
         # --- exchange: fitness, length and observation sums per member, nothing else ---
         results = gather_members(torch.as_tensor(results, device=device), args.world_size)

@@ -104,15 +104,21 @@ def test_rollout_counts_each_member_until_its_own_done_and_never_after():
     thetas = es.perturb(theta, torch.randn(3, theta.numel()), 1.0)  # very different members: very different lengths
     shift, scale = torch.zeros(4), torch.ones(4)
     layers = es.stack_layers(thetas, policy.layer_shapes())
-    batch, steps = es.rollout(es.make_env("CartPole-v1", 6, 100), layers, shift, scale, None, None, 500, CPU)
+    pools = [es.make_env("CartPole-v1", 6, 100)]
+    batch, steps = es.rollout(pools, [layers], shift, scale, None, None, 500, CPU)
     lengths = batch[:, 1]
     assert lengths.min() < lengths.max() and steps == 6 * lengths.max()
     for i in range(6):
         alone, _ = es.rollout(
-            es.make_env("CartPole-v1", 1, 100 + i), es.stack_layers(thetas[i : i + 1], policy.layer_shapes()),
+            [es.make_env("CartPole-v1", 1, 100 + i)], [es.stack_layers(thetas[i : i + 1], policy.layer_shapes())],
             shift, scale, None, None, 500, CPU,
         )  # fmt: skip
         np.testing.assert_array_equal(batch[i], alone[0])
+    # two parts taking turns (envs 100-101 and 102-105) give the same rows as one batch
+    halves = [slice(0, 2), slice(2, 6)]
+    pools = [es.make_env("CartPole-v1", h.stop - h.start, 100 + h.start) for h in halves]
+    parts = [es.stack_layers(thetas[h], policy.layer_shapes()) for h in halves]
+    np.testing.assert_array_equal(es.rollout(pools, parts, shift, scale, None, None, 500, CPU)[0], batch)
     assert np.array_equal(batch[:, 0], lengths)  # CartPole pays 1 a step: nothing after done was counted
 
 
