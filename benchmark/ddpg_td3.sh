@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# DDPG and TD3: the exact commands that reproduce the published MuJoCo results, 3 seeds x 1M steps each, through the
+# runner. The mujoco preset holds the settings of CleanRL's td3_continuous_action.py and ddpg_continuous_action.py
+# (256-256 ReLU MLPs, Adam 3e-4, batch 256, 1M buffer, tau 0.005, 25k random steps first, exploration noise 0.1);
+# the references are also in benchmark/references.csv.
+#
+#   env               steps  algo  reference
+#   HalfCheetah-v4    1M     td3   9583.22 +- 126.09   CleanRL td3_continuous_action.py (docs.cleanrl.dev, TD3 page)
+#   Walker2d-v4       1M     td3   4057.59 +- 658.78   CleanRL td3_continuous_action.py
+#   Hopper-v4         1M     td3   3134.61 +- 360.18   CleanRL td3_continuous_action.py
+#   HalfCheetah-v1    1M     td3   9636.95 +- 859.07   Fujimoto et al. 2018, Table 1 (gym MuJoCo v1 envs; max over
+#   Hopper-v1         1M     td3   3564.07 +- 114.74     the run of the evaluation return, 10 seeds: compare with the
+#   Walker2d-v1       1M     td3   4682.82 +- 539.64     -v4 runs with care)
+#   HalfCheetah-v4    1M     ddpg  10374.07 +- 157.37  CleanRL ddpg_continuous_action.py (docs.cleanrl.dev, DDPG page)
+#   Walker2d-v4       1M     ddpg  1240.16 +- 390.10   CleanRL ddpg_continuous_action.py
+#   Hopper-v4         1M     ddpg  1576.78 +- 818.98   CleanRL ddpg_continuous_action.py
+#
+# CleanRL's ddpg_continuous_action.py delays its actor and target updates too (policy_frequency 2), so the ddpg runs
+# below add --policy-frequency 2 to the ddpg preset (which is the DDPG of Fujimoto et al. 2018's "OurDDPG": every
+# step). CleanRL's figures are the mean return of the last training episodes (the report's score).
+#
+# Usage: bash benchmark/ddpg_td3.sh [td3|ddpg|mujoco|pendulum|speed]   (mujoco = td3 and ddpg)
+# A 1M-step MuJoCo run does 1M gradient steps of 256-256 networks: about 1.5-2 h per run at ~150-250 SPS on this
+# 2-core CPU (9 runs per algo: a GPU machine or a long night); the runner runs one per core.
+#   pendulum: TD3 and DDPG on Pendulum-v1 with the classic preset (20k steps), 3 seeds: a few minutes a run here.
+#   speed:    SPS on Hopper-v4 once learning has started (1 env, batch 256, 256-256 MLPs; 256 random steps, then
+#             4,744 gradient steps) and the time split (env steps / acting / updates / the rest), 1 thread and 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+family="${1:-td3}"
+
+bench() {  # bench NAME ENV... [-- FLAGS]: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
+  local name=$1
+  shift
+  python benchmark/run.py --algo ddpg_td3 --name "$name" --seeds 3 --env-ids "$@"
+  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
+}
+
+if [[ $family == td3 || $family == mujoco ]]; then
+  bench ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 --save-model
+fi
+if [[ $family == ddpg || $family == mujoco ]]; then
+  bench ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg --policy-frequency 2 --save-model
+fi
+if [[ $family == pendulum ]]; then
+  bench ddpg_td3_td3_pendulum Pendulum-v1 -- --algo td3 --save-model
+  bench ddpg_td3_ddpg_pendulum Pendulum-v1 -- --algo ddpg --save-model
+fi
+if [[ $family == speed ]]; then
+  for threads in 1 2; do
+    echo "OMP_NUM_THREADS=$threads"
+    OMP_NUM_THREADS=$threads python algorithms/ddpg_td3.py --env-id Hopper-v4 --total-timesteps 5000 \
+      --learning-starts 256 --log-every 500 --exp-name speed | tail -4
+  done
+fi
