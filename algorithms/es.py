@@ -290,9 +290,11 @@ def pair_noise(seed: int, generation: int, pairs: range, dim: int, device: torch
 
 
 def generation_env_seed(seed: int, generation: int) -> int:
-    """Env seed of member 0 in `generation`; member m's env gets this + m. Fresh envs every generation: how many
-    steps an env takes after its member is done depends on the other members of its batch, and must not change
-    the next episode's start (then 1 and N processes, and a resumed run, play the same episodes)."""
+    """Env seed of pair 0 in `generation`; both members of pair j play an env seeded with this + j, so they start
+    from the same state (common random numbers: their fitness difference is the noise's doing, not the start's;
+    the starter code resets every rollout independently). Fresh envs every generation: how many steps an env
+    takes after its member is done depends on the other members of its batch, and must not change the next
+    episode's start (then 1 and N processes, and a resumed run, play the same episodes)."""
     return int(np.random.SeedSequence([seed, generation]).generate_state(1)[0] % 2**30)
 
 
@@ -564,8 +566,8 @@ def main(args: Args) -> None:
     if continuous:
         low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in (action_space.low, action_space.high))
     my_pairs = range(first_member // 2, (first_member + members) // 2)
-    # two halves of this process's members, in two vector envs that step in turns (see rollout)
-    halves = [slice(0, members // 2), slice(members // 2, members)]
+    # this process's members theta + sigma eps_j and theta - sigma eps_j, in two vector envs that step in turns
+    signs = [slice(0, members, 2), slice(1, members, 2)]
     all_pairs = range(args.population_size // 2)
 
     def sync_policy() -> None:
@@ -607,13 +609,14 @@ def main(args: Args) -> None:
             thetas = perturb(theta.detach(), noise[my_pairs.start : my_pairs.stop], args.sigma)
         shift, scale = frozen_normalizer(obs_rms, obs_dim, device)
 
-        # --- rollout: one episode per member, in two halves that take turns; member m plays env seed base + m ---
-        base = generation_env_seed(args.seed, generation) + first_member
-        pools = [make_env(args.env_id, half.stop - half.start, base + half.start) for half in halves]
-        results, _ = rollout(pools, [stack_layers(thetas[half], layer_shapes) for half in halves], shift, scale, low, high,
-                             args.horizon, device)  # fmt: skip
+        # --- rollout: one episode per member; the + members and the - members take turns (see rollout) ---
+        base = generation_env_seed(args.seed, generation) + first_member // 2
+        pools = [make_env(args.env_id, members // 2, base) for _ in signs]
+        parts = [stack_layers(thetas[sign], layer_shapes) for sign in signs]
+        results, _ = rollout(pools, parts, shift, scale, low, high, args.horizon, device)
         for envs in pools:
             envs.close()
+        results = results.reshape(2, members // 2, -1).transpose(1, 0, 2).reshape(members, -1)  # member order
 
         # --- exchange: fitness, length and observation sums per member, nothing else ---
         results = gather_members(torch.as_tensor(results, device=device), args.world_size)
