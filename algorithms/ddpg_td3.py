@@ -241,7 +241,7 @@ class ReplayBuffer:
 # No orthogonal layer_init here: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default nn.Linear
 # initialisation (uniform in +-1/sqrt(fan_in)), and their results are the ones the presets reproduce.
 class Actor(nn.Module):
-    """Deterministic policy: a 256-256 ReLU MLP whose tanh output is scaled to the env's action bounds."""
+    """Deterministic policy: a two-hidden-layer ReLU MLP whose tanh output is scaled to the env's action bounds."""
 
     def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int):
         super().__init__()
@@ -260,6 +260,7 @@ class Actor(nn.Module):
         self.register_buffer("action_high", high)
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
+        self.bounds = (low.numpy(), high.numpy(), ((high - low) / 2.0).numpy())  # host copies, for acting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x) * self.action_scale + self.action_bias
@@ -361,13 +362,13 @@ def update(batch, actor, target_actor, critic, target_critic, q_optimizer, actor
 def select_actions(actor: Actor, obs: torch.Tensor, noise: float, rng: np.random.Generator, random_actions: bool):
     """Uniformly random actions within the bounds before learning starts, then the actor's action plus Gaussian
     noise of std `noise` times the half-range of the bounds, clipped to the bounds."""
-    low, high = actor.action_low.cpu().numpy(), actor.action_high.cpu().numpy()
+    low, high, scale = actor.bounds
     if random_actions:
         return rng.uniform(low, high, (len(obs), len(low))).astype(np.float32)
     with torch.inference_mode():
         action = actor(obs).cpu().numpy()
     if noise > 0:
-        action = action + rng.normal(0.0, 1.0, action.shape) * noise * actor.action_scale.cpu().numpy()
+        action = action + rng.normal(0.0, 1.0, action.shape) * noise * scale
     return np.clip(action, low, high).astype(np.float32)
 
 
