@@ -195,7 +195,7 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/qf1_loss", "losses/actor_loss")
     runs = []
     for i, seed in enumerate((7, 7, 8)):
-        flags = ["--env-id", "Pendulum-v1", "--seed", str(seed), "--total-timesteps", "600", "--exp-name", f"s{i}", *TINY]
+        flags = ["--env-id", "Pendulum-v1", "--seed", str(seed), "--total-timesteps", "500", "--exp-name", f"s{i}", *TINY]
         run_algorithm("ddpg_td3", *flags, cwd=tmp_path, env=ONE_THREAD)
         run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
         runs.append([values(run, t) for t in tags])
