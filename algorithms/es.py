@@ -290,11 +290,9 @@ def pair_noise(seed: int, generation: int, pairs: range, dim: int, device: torch
 
 
 def generation_env_seed(seed: int, generation: int) -> int:
-    """Env seed of pair 0 in `generation`; both members of pair j play an env seeded with this + j, so they start
-    from the same state (common random numbers: their fitness difference is the noise's doing, not the start's;
-    the starter code resets every rollout independently). Fresh envs every generation: how many steps an env
-    takes after its member is done depends on the other members of its batch, and must not change the next
-    episode's start (then 1 and N processes, and a resumed run, play the same episodes)."""
+    """Env seed of member 0 in `generation`; member m's env gets this + m. Fresh envs every generation: how many
+    steps an env takes after its member is done depends on the other members of its batch, and must not change
+    the next episode's start (then 1 and N processes, and a resumed run, play the same episodes)."""
     return int(np.random.SeedSequence([seed, generation]).generate_state(1)[0] % 2**30)
 
 
@@ -325,59 +323,35 @@ def es_gradient(shaped: torch.Tensor, noise: torch.Tensor, sigma: float) -> torc
     return weights @ noise / (shaped.numel() * sigma)
 
 
-def rollout(pools: list, layer_parts: list, shift, scale, low, high, horizon: int, device: torch.device):
-    """Each env plays one episode with its member's parameters until every member is done or the horizon is reached.
-
-    The members come in parts, one vector env and one batch of stacked parameters each (pools[k], layer_parts[k]).
-    With two parts they take turns: while envpool steps one part in its own threads (send), the main thread
-    computes the other part's actions, so env stepping and the batched forward pass overlap (recv waits for the
-    part's step). With next-step autoreset the step after a member's done is a reset step, and the steps after it
-    belong to a new episode: none of them count, in its return, length or observation statistics.
+def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device):
+    """Each env plays one episode with its member's parameters, all members in one batch, until every member is done
+    or the horizon is reached. With next-step autoreset the step after a member's done is a reset step, and the
+    steps after it belong to a new episode: none of them count, in its return, length or observation statistics.
 
     Returns fitness (float64), lengths, per-member sums of the observations acted on and of their squares, as one
-    (members, 2 + 2 obs_dim) float64 array in part order (what the processes exchange), and the env steps taken
-    (done or not).
+    (members, 2 + 2 obs_dim) float64 array (what the processes exchange), and the env steps taken (done or not).
     """
-    parts = []
-    for envs in pools:
-        obs, _ = envs.reset()
-        num = obs.shape[0]
-        parts.append(dict(obs=obs, alive=np.ones(num, dtype=bool), fitness=np.zeros(num), lengths=np.zeros(num),
-                          obs_sum=np.zeros(obs.shape), obs_sq=np.zeros(obs.shape), action=None))  # fmt: skip
-
-    def send(k: int) -> None:
-        part = parts[k]
-        o = np.asarray(part["obs"], dtype=np.float64) * part["alive"][:, None]
-        part["obs_sum"] += o
-        part["obs_sq"] += o * o
-        x = normalize_obs(torch.as_tensor(part["obs"], dtype=torch.float32, device=device), shift, scale)
+    obs, _ = envs.reset()
+    num = obs.shape[0]
+    alive = np.ones(num, dtype=bool)
+    fitness, lengths = np.zeros(num), np.zeros(num)
+    obs_sum, obs_sq = np.zeros(obs.shape), np.zeros(obs.shape)
+    steps = 0
+    for _ in range(horizon):
+        o = np.asarray(obs, dtype=np.float64) * alive[:, None]
+        obs_sum += o
+        obs_sq += o * o
+        x = normalize_obs(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
         with torch.no_grad():
-            part["action"] = to_action(population_forward(layer_parts[k], x), low, high).cpu().numpy()
-        if hasattr(pools[k], "send"):  # envpool: step in the background; gymnasium steps in recv()
-            pools[k].send(part["action"])
-
-    def recv(k: int):
-        return pools[k].recv() if hasattr(pools[k], "send") else pools[k].step(parts[k]["action"])
-
-    active, steps = list(range(len(pools))), 0
-    for k in active:
-        send(k)
-    for t in range(horizon):
-        for k in list(active):
-            part = parts[k]
-            part["obs"], reward, term, trunc, _ = recv(k)
-            steps += len(reward)
-            part["fitness"] += np.where(part["alive"], reward, 0.0)
-            part["lengths"] += part["alive"]
-            part["alive"] &= ~(term | trunc)
-            if part["alive"].any() and t < horizon - 1:
-                send(k)
-            else:
-                active.remove(k)
-        if not active:
+            action = to_action(population_forward(layers, x), low, high).cpu().numpy()
+        obs, reward, term, trunc, _ = envs.step(action)
+        steps += num
+        fitness += np.where(alive, reward, 0.0)
+        lengths += alive
+        alive &= ~(term | trunc)
+        if not alive.any():
             break
-    columns = ("fitness", "lengths", "obs_sum", "obs_sq")
-    return np.concatenate([np.column_stack([part[c] for c in columns]) for part in parts]), steps
+    return np.concatenate([fitness[:, None], lengths[:, None], obs_sum, obs_sq], axis=1), steps
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -566,8 +540,6 @@ def main(args: Args) -> None:
     if continuous:
         low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in (action_space.low, action_space.high))
     my_pairs = range(first_member // 2, (first_member + members) // 2)
-    # this process's members theta + sigma eps_j and theta - sigma eps_j, in two vector envs that step in turns
-    signs = [slice(0, members, 2), slice(1, members, 2)]
     all_pairs = range(args.population_size // 2)
 
     def sync_policy() -> None:
@@ -607,16 +579,13 @@ def main(args: Args) -> None:
         with torch.no_grad():
             noise = pair_noise(args.seed, generation, all_pairs, theta.numel(), device)
             thetas = perturb(theta.detach(), noise[my_pairs.start : my_pairs.stop], args.sigma)
+            layers = stack_layers(thetas, layer_shapes)
         shift, scale = frozen_normalizer(obs_rms, obs_dim, device)
 
-        # --- rollout: one episode per member; the + members and the - members take turns (see rollout) ---
-        base = generation_env_seed(args.seed, generation) + first_member // 2
-        pools = [make_env(args.env_id, members // 2, base) for _ in signs]
-        parts = [stack_layers(thetas[sign], layer_shapes) for sign in signs]
-        results, _ = rollout(pools, parts, shift, scale, low, high, args.horizon, device)
-        for envs in pools:
-            envs.close()
-        results = results.reshape(2, members // 2, -1).transpose(1, 0, 2).reshape(members, -1)  # member order
+        # --- rollout: one episode per member, the whole slice in one batch; env i plays member first_member + i ---
+        envs = make_env(args.env_id, members, generation_env_seed(args.seed, generation) + first_member)
+        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device)
+        envs.close()
 
         # --- exchange: fitness, length and observation sums per member, nothing else ---
         results = gather_members(torch.as_tensor(results, device=device), args.world_size)

@@ -87,12 +87,10 @@ steps, start, generation = 0, time.perf_counter(), 0
 while time.perf_counter() - start < 10.0:
     generation += 1
     noise = es.pair_noise(1, generation, range(P // 2), theta.numel(), torch.device("cpu"))
-    thetas, halves = es.perturb(theta, noise, 0.02), [slice(0, P // 2), slice(P // 2, P)]  # as es.main splits them
-    pools = [es.make_env(env_id, P // 2, es.generation_env_seed(1, generation) + h.start) for h in halves]
-    parts = [es.stack_layers(thetas[h], policy.layer_shapes()) for h in halves]
-    steps += es.rollout(pools, parts, shift, scale, None, None, 500, torch.device("cpu"))[1]
-    for envs in pools:
-        envs.close()
+    layers = es.stack_layers(es.perturb(theta, noise, 0.02), policy.layer_shapes())
+    envs = es.make_env(env_id, P, es.generation_env_seed(1, generation))
+    steps += es.rollout(envs, layers, shift, scale, None, None, 500, torch.device("cpu"))[1]
+    envs.close()
 rollout_sps = steps / (time.perf_counter() - start)
 random_sps = env_sps()
 print(f"{env_id}, {P} envs: envpool random actions {random_sps:,.0f} steps/s")

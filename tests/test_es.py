@@ -104,21 +104,15 @@ def test_rollout_counts_each_member_until_its_own_done_and_never_after():
     thetas = es.perturb(theta, torch.randn(3, theta.numel()), 1.0)  # very different members: very different lengths
     shift, scale = torch.zeros(4), torch.ones(4)
     layers = es.stack_layers(thetas, policy.layer_shapes())
-    pools = [es.make_env("CartPole-v1", 6, 100)]
-    batch, steps = es.rollout(pools, [layers], shift, scale, None, None, 500, CPU)
+    batch, steps = es.rollout(es.make_env("CartPole-v1", 6, 100), layers, shift, scale, None, None, 500, CPU)
     lengths = batch[:, 1]
     assert lengths.min() < lengths.max() and steps == 6 * lengths.max()
     for i in range(6):
         alone, _ = es.rollout(
-            [es.make_env("CartPole-v1", 1, 100 + i)], [es.stack_layers(thetas[i : i + 1], policy.layer_shapes())],
+            es.make_env("CartPole-v1", 1, 100 + i), es.stack_layers(thetas[i : i + 1], policy.layer_shapes()),
             shift, scale, None, None, 500, CPU,
         )  # fmt: skip
         np.testing.assert_array_equal(batch[i], alone[0])
-    # two parts taking turns (envs 100-101 and 102-105) give the same rows as one batch
-    halves = [slice(0, 2), slice(2, 6)]
-    pools = [es.make_env("CartPole-v1", h.stop - h.start, 100 + h.start) for h in halves]
-    parts = [es.stack_layers(thetas[h], policy.layer_shapes()) for h in halves]
-    np.testing.assert_array_equal(es.rollout(pools, parts, shift, scale, None, None, 500, CPU)[0], batch)
     assert np.array_equal(batch[:, 0], lengths)  # CartPole pays 1 a step: nothing after done was counted
 
 
@@ -270,10 +264,10 @@ def test_envpool_seeds_env_i_with_seed_plus_i():
 def test_es_cartpole_mean_policy_reaches_475(tmp_path):
     """The classic defaults (256 members, 32-32 tanh MLP, sigma 0.02, Adam 0.01, L2 0.005) for 10 generations,
     evaluating the unperturbed mean policy (10 episodes) after each. Measured over seeds 1-5 with this code: the
-    mean policy first reaches 475 at generation 2, 3, 4, 3, 3 (42k, 90k, 156k, 113k, 90k env steps), never falls
-    below 476.4 afterwards, and scores 500.0 at generations 6-10 for every seed. The budget of 10 generations is
-    2.5x the slowest seed's; the final evaluation must be at 475 too. About 10 s on a 2-core CPU (a generation of
-    256 solved episodes is 128k steps, at 250-330k steps/s measured under load)."""
+    mean policy first reaches 475 at generation 3, 3, 2, 3, 3 (100k, 104k, 39k, 94k, 83k env steps), never falls
+    below 478.7 afterwards, and scores 500.0 from generation 4 on for every seed. The budget of 10 generations is
+    over 3x the slowest seed's; the final evaluation must be at 475 too. About 10 s on a 2-core CPU (a generation
+    of 256 solved episodes is 128k steps, at 250-340k steps/s measured under load)."""
     run_algorithm("es", "--seed", "1", "--num-generations", "10", "--eval-every", "1", cwd=tmp_path, timeout=600)
     evals = values(only_run(tmp_path), "eval/episodic_return")
     assert len(evals) == 10 and max(evals) >= 475 and evals[-1] >= 475, evals
