@@ -18,9 +18,8 @@
 # CleanRL's ddpg_continuous_action.py delays its actor and target updates too (policy_frequency 2), so the ddpg runs
 # below add --policy-frequency 2 to the ddpg preset (which is the DDPG of Fujimoto et al. 2018's "OurDDPG": every
 # step). CleanRL's figures are the mean return of the last training episodes (the report's score).
-# benchmark/report.py looks references up by (script, env): the td3 rows are keyed ddpg_td3, the ddpg rows
-# ddpg_td3:ddpg, which the report does not match yet (its ddpg table would show the td3 references: compare those
-# runs with the ddpg rows of benchmark/references.csv by hand).
+# benchmark/report.py looks references up by (script, env), and by (script:algo, env) first for runs given --algo:
+# the td3 rows are keyed ddpg_td3, the ddpg rows ddpg_td3:ddpg.
 #
 # Usage: bash benchmark/ddpg_td3.sh [td3|ddpg|mujoco|pendulum|speed]   (mujoco = td3 and ddpg)
 # A 1M-step MuJoCo run does 1M gradient steps of 256-256 networks: about 1.5-2 h per run at ~150-250 SPS on this

@@ -162,8 +162,13 @@ def main(argv: list[str] | None = None) -> Path:
         p.error(f"{bench_dir} has no status.json; pass a folder written by benchmark/run.py")
     out = Path(args.out) if args.out else bench_dir
     out.mkdir(parents=True, exist_ok=True)
-    algo = json.loads((bench_dir / "bench.json").read_text())["algo"]
-    references = load_references(Path(args.references))
+    meta = json.loads((bench_dir / "bench.json").read_text())
+    algo, extra = meta["algo"], meta.get("extra_args", [])
+    # a script with several algorithms (ddpg_td3.py --algo ddpg) has references keyed "script:algo", which win
+    name = f"{algo}:{extra[extra.index('--algo') + 1]}" if "--algo" in extra[:-1] else algo
+    every = load_references(Path(args.references))
+    references = {(name, e): r for a in (algo, name) for (k, e), r in every.items() if k == a}
+    algo = name
     runs = [summarise_run(bench_dir, job) for job in json.loads((bench_dir / "status.json").read_text())]
     (out / "report.md").write_text(table(algo, runs, references))
     plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png")
