@@ -26,7 +26,7 @@ from tblog import read_scalars
 ROOT = Path(__file__).resolve().parent.parent
 
 # (algo, env_id, num_envs, steps to train, other flags): the sizes of each algorithm's preset for that env, and the
-# sizes each issue's speed goal names. The DQN rows learn from step 10k so that most of the run trains.
+# sizes each issue's speed goal names. The DQN and TD3 rows start learning early so that most of the run trains.
 CONFIGS = [
     ("ppo", "CartPole-v1", 4, 102_400, []),
     ("ppo", "Breakout-v5", 8, 16_384, []),
@@ -35,6 +35,7 @@ CONFIGS = [
     ("a2c", "CartPole-v1", 8, 100_000, []),
     ("a2c", "Breakout-v5", 16, 16_000, []),
     ("qlearning", "FrozenLake-v1", 64, 300_000, []),
+    ("ddpg_td3", "Hopper-v4", 1, 5_000, ["--learning-starts", "256"]),
 ]
 
 
