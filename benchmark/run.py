@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ETA_RE = re.compile(r"step ([\d,]+)/([\d,]+).*ETA (\d+)m(\d+)s")
+# the progress line every script prints: "step 1,024/500,000 ... ETA 1m05s" (es.py counts generations instead)
+ETA_RE = re.compile(r"(step|generation) ([\d,]+)/([\d,]+).*ETA (\d+)m(\d+)s")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -55,13 +56,13 @@ def run_eta(log_path: Path) -> str:
     matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
     if not matches:
         return "starting"
-    step, total, m, s = matches[-1]
-    return f"step {step}/{total}, ETA {m}m{s}s"
+    unit, step, total, m, s = matches[-1]
+    return f"{unit} {step}/{total}, ETA {m}m{s}s"
 
 
 def eta_seconds(log_path: Path) -> float | None:
     matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
-    return int(matches[-1][2]) * 60 + int(matches[-1][3]) if matches else None
+    return int(matches[-1][3]) * 60 + int(matches[-1][4]) if matches else None
 
 
 def status_view(jobs: list[dict], bench_dir: Path, num_slots: int) -> str:

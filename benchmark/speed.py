@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import envpool
@@ -24,6 +25,8 @@ import torch
 from tblog import read_scalars
 
 ROOT = Path(__file__).resolve().parent.parent
+# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
 
 # (algo, env_id, num_envs, steps to train, other flags): the sizes of each algorithm's preset for that env, and the
 # sizes each issue's speed goal names. The DQN and TD3 rows start learning early so that most of the run trains.
@@ -36,7 +39,9 @@ CONFIGS = [
     ("a2c", "Breakout-v5", 16, 16_000, []),
     ("qlearning", "FrozenLake-v1", 64, 300_000, []),
     ("ddpg_td3", "Hopper-v4", 1, 5_000, ["--learning-starts", "256"]),
+    ("es", "CartPole-v1", 256, 20, []),
 ]
+# es.py's envs are its population, and its budget is counted in generations
 
 
 def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
@@ -65,7 +70,10 @@ def script_sps(algo: str, env_id: str, num_envs: int, steps: int, flags: list[st
     """The SPS a training run logs last (its mean over the run, evaluation excluded)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(ROOT / "algorithms" / f"{algo}.py"), "--env-id", env_id]
-        cmd += ["--num-envs", str(num_envs), "--total-timesteps", str(steps), *flags]
+        if algo == "es":
+            cmd += ["--population-size", str(num_envs), "--num-generations", str(steps), *flags]
+        else:
+            cmd += ["--num-envs", str(num_envs), "--total-timesteps", str(steps), *flags]
         subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True)
         (run,) = (Path(tmp) / "runs").iterdir()
         return read_scalars(str(run))["charts/SPS"][-1][1]
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> str:
         budget = max(int(steps * args.steps_scale), 1)
         learner = script_sps(algo, env_id, num_envs, budget, flags)
         env = env_sps(env_id, num_envs, args.env_seconds)
-        shown = f"{budget:,}" + (f" ({' '.join(flags)})" if flags else "")
+        shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)})" if flags else "")
         rows.append(f"| {algo}.py | {env_id} | {num_envs} | {shown} | {learner:,.0f} | {env:,.0f} | {learner / env:.1%} |")
         print(rows[-1], flush=True)
     cpu = platform.processor() or platform.machine()

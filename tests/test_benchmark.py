@@ -117,3 +117,12 @@ def test_report_takes_the_references_of_the_algorithm_a_script_was_run_with(hand
     ).read_text()
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert text.startswith("# ddpg_td3:ddpg:") and "ddpg paper" in rows["CartPole-v1"] and "td3 only" in rows["Acrobot-v1"]
+
+
+def test_status_view_reads_the_progress_lines_of_step_and_generation_counting_scripts(tmp_path):
+    (tmp_path / "ppo.log").write_text("step 1,024/500,000 (0%) | SPS 5,000 | return n/a | ETA 1m40s\n")
+    (tmp_path / "es.log").write_text("generation 3/100 (3%) | step 90,000 | SPS 1 | return mean 20.0 | ETA 2m05s\n")
+    assert (
+        run.run_eta(tmp_path / "ppo.log") == "step 1,024/500,000, ETA 1m40s" and run.eta_seconds(tmp_path / "ppo.log") == 100
+    )
+    assert run.run_eta(tmp_path / "es.log") == "generation 3/100, ETA 2m05s" and run.eta_seconds(tmp_path / "es.log") == 125
