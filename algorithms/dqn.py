@@ -342,9 +342,9 @@ class QNetwork(nn.Module):
             self.network.append(layer_init(nn.Linear(512, n_actions), std=1.0))
             self.scale = 1.0 / 255.0
         else:
+            # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
             self.network = nn.Sequential(
-                nn.Flatten(),
-                layer_init(nn.Linear(int(np.prod(obs_shape)), 120)),
+                layer_init(nn.Linear(obs_shape[0], 120)),
                 nn.ReLU(),
                 layer_init(nn.Linear(120, 84)),
                 nn.ReLU(),
@@ -596,7 +596,7 @@ def main(args: Args) -> None:
     next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     recent_returns: list[float] = []
-    stats, num_updates = torch.zeros(2, device=device), 0
+    losses, q_means, num_updates = [], [], 0  # per-update losses and Q means, averaged when logged
     start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
     env_seconds, update_seconds = 0.0, 0.0
     duration = args.exploration_fraction * args.total_timesteps
@@ -639,7 +639,9 @@ def main(args: Args) -> None:
                 if args.max_grad_norm > 0:
                     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
                 optimizer.step()
-                stats += torch.stack([loss.detach(), q_mean.detach()])
+                # kept as a list and stacked once per log interval: no stack and add per update
+                losses.append(loss.detach())
+                q_means.append(q_mean.detach())
                 num_updates += 1
             if global_step // args.target_network_frequency > (global_step - N) // args.target_network_frequency:
                 soft_update(target_network, q_network, args.tau)
@@ -648,10 +650,10 @@ def main(args: Args) -> None:
         # --- logging: one host sync per log interval ---
         if global_step // args.log_every > (global_step - N) // args.log_every or global_step >= args.total_timesteps:
             if num_updates:
-                td_loss, q_values = (stats / num_updates).tolist()
+                td_loss, q_values = torch.stack(losses).mean().item(), torch.stack(q_means).mean().item()
                 writer.add_scalar("losses/td_loss", td_loss, global_step)
                 writer.add_scalar("losses/q_values", q_values, global_step)
-                stats, num_updates = torch.zeros(2, device=device), 0
+                losses, q_means, num_updates = [], [], 0
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
             writer.add_scalar("charts/SPS", sps, global_step)
