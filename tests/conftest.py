@@ -2,11 +2,13 @@
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tblog import read_scalars
 
@@ -28,6 +30,30 @@ def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = 300, check:
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def seeded_runs(name: str, seeds, cwd: Path, *flags: str, read, env=None) -> list:
+    """Run algorithms/<name>.py once per seed (exp names s0, s1, ...) and return read(run_dir) of each run."""
+    runs = []
+    for i, seed in enumerate(seeds):
+        run_algorithm(name, "--seed", str(seed), "--exp-name", f"s{i}", *flags, cwd=cwd, env=env)
+        runs.append(read(next((cwd / "runs").glob(f"*__s{i}__*"))))
+    return runs
+
+
+def write_foreign_checkpoint(path: Path, env_id: str) -> str:
+    """A checkpoint of another env, for the 'checkpoint is for <env>' error; it has the keys that each script checks
+    for before it compares the env (args and model, or q for qlearning.py's table)."""
+    torch.save({"args": {"env_id": env_id}, "model": {}, "q": torch.zeros(1)}, path)
+    return str(path)
+
+
+def assert_one_error_line(name: str, proc: subprocess.CompletedProcess, message: str) -> None:
+    """Bad input: a non-zero exit, no traceback, and exactly one '<name>.py: error:' line that matches message."""
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith(f"{name}.py: error:")]
+    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
 
 
 def run_dirs(cwd: Path) -> list[Path]:

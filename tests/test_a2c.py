@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+from conftest import (
+    ROOT,
+    assert_one_error_line,
+    load_algorithm,
+    only_run,
+    run_algorithm,
+    scalars,
+    seeded_runs,
+    values,
+    write_foreign_checkpoint,
+)
 
 a2c = load_algorithm("a2c")
 ppo = load_algorithm("ppo")
@@ -226,19 +236,10 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path):
 
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/value_loss", "losses/policy_loss")
-    runs = []
-    for i, seed in enumerate((7, 7, 8)):
-        flags = ["--seed", str(seed), "--total-timesteps", "2000", "--log-interval", "10", "--exp-name", f"s{i}"]
-        run_algorithm("a2c", *flags, cwd=tmp_path)
-        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
-        runs.append([values(run, t) for t in tags])
+    flags = ["--total-timesteps", "2000", "--log-interval", "10"]
+    runs = seeded_runs("a2c", (7, 7, 8), tmp_path, *flags, read=lambda run: [values(run, t) for t in tags])
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
-
-
-def write_foreign_checkpoint(path):
-    torch.save({"args": {"env_id": "Acrobot-v1"}, "model": {}}, path)
-    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -252,12 +253,8 @@ def write_foreign_checkpoint(path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
-    proc = run_algorithm("a2c", *flags, cwd=tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("a2c.py: error:")]
-    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
+    assert_one_error_line("a2c", run_algorithm("a2c", *flags, cwd=tmp_path, check=False), message)
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):

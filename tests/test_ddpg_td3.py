@@ -13,7 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+from conftest import (
+    ROOT,
+    assert_one_error_line,
+    load_algorithm,
+    only_run,
+    run_algorithm,
+    scalars,
+    seeded_runs,
+    values,
+    write_foreign_checkpoint,
+)
 
 td3 = load_algorithm("ddpg_td3")
 
@@ -193,19 +203,12 @@ def test_algo_and_family_presets_set_real_flags_and_a_given_flag_wins():
 
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/qf1_loss", "losses/actor_loss")
-    runs = []
-    for i, seed in enumerate((7, 7, 8)):
-        flags = ["--env-id", "Pendulum-v1", "--seed", str(seed), "--total-timesteps", "500", "--exp-name", f"s{i}", *TINY]
-        run_algorithm("ddpg_td3", *flags, cwd=tmp_path, env=ONE_THREAD)
-        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
-        runs.append([values(run, t) for t in tags])
+    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "500", *TINY]
+    runs = seeded_runs(
+        "ddpg_td3", (7, 7, 8), tmp_path, *flags, read=lambda run: [values(run, t) for t in tags], env=ONE_THREAD
+    )
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
-
-
-def write_foreign_checkpoint(path):
-    torch.save({"args": {"env_id": "Walker2d-v4"}, "model": {}}, path)
-    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -219,12 +222,8 @@ def write_foreign_checkpoint(path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
-    proc = run_algorithm("ddpg_td3", *flags, cwd=tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("ddpg_td3.py: error:")]
-    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Walker2d-v4") if f == "FOREIGN" else f for f in flags]
+    assert_one_error_line("ddpg_td3", run_algorithm("ddpg_td3", *flags, cwd=tmp_path, check=False), message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])

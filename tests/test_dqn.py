@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+from conftest import (
+    ROOT,
+    assert_one_error_line,
+    load_algorithm,
+    only_run,
+    run_algorithm,
+    scalars,
+    seeded_runs,
+    values,
+    write_foreign_checkpoint,
+)
 
 dqn = load_algorithm("dqn")
 
@@ -197,19 +207,10 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
 
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/td_loss", "losses/q_values")
-    runs = []
-    for i, seed in enumerate((7, 7, 8)):
-        flags = ["--seed", str(seed), "--total-timesteps", "2500", "--exp-name", f"s{i}", *SMALL]
-        run_algorithm("dqn", *flags, cwd=tmp_path)
-        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
-        runs.append([values(run, t) for t in tags])
+    flags = ["--total-timesteps", "2500", *SMALL]
+    runs = seeded_runs("dqn", (7, 7, 8), tmp_path, *flags, read=lambda run: [values(run, t) for t in tags])
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
-
-
-def write_foreign_checkpoint(path):
-    torch.save({"args": {"env_id": "Acrobot-v1"}, "model": {}}, path)
-    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -223,12 +224,8 @@ def write_foreign_checkpoint(path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
-    proc = run_algorithm("dqn", *flags, cwd=tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("dqn.py: error:")]
-    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
+    assert_one_error_line("dqn", run_algorithm("dqn", *flags, cwd=tmp_path, check=False), message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])

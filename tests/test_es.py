@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values, write_foreign_checkpoint
 
 es = load_algorithm("es")
 CPU = torch.device("cpu")
@@ -215,11 +215,6 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     assert len(steps) == 8 and steps == sorted(set(steps))  # every generation logged once across the stop
 
 
-def write_foreign_checkpoint(path):
-    torch.save({"args": {"env_id": "Acrobot-v1"}, "model": {}}, path)
-    return str(path)
-
-
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -234,7 +229,7 @@ def write_foreign_checkpoint(path):
 )
 def test_bad_input_gets_one_clear_error(flags, message, tmp_path, monkeypatch):
     """In-process (each subprocess costs seconds of imports); the last case below checks the stderr line."""
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         es.main(es.parse_args(flags))

@@ -8,7 +8,16 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, only_run, run_algorithm, scalars, values
+from conftest import (
+    ROOT,
+    assert_one_error_line,
+    only_run,
+    run_algorithm,
+    scalars,
+    seeded_runs,
+    values,
+    write_foreign_checkpoint,
+)
 
 TAGS = {
     "charts/episodic_return",
@@ -66,18 +75,11 @@ def test_episodic_return_is_the_raw_atari_score(tmp_path):
 
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")
-    runs = []
-    for i, seed in enumerate((7, 7, 8)):
-        run_algorithm("ppo", "--seed", str(seed), "--total-timesteps", "3072", "--exp-name", f"s{i}", cwd=tmp_path)
-        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
-        runs.append([values(run, t) for t in tags])
+    runs = seeded_runs(
+        "ppo", (7, 7, 8), tmp_path, "--total-timesteps", "3072", read=lambda run: [values(run, t) for t in tags]
+    )
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
-
-
-def write_foreign_checkpoint(path):
-    torch.save({"args": {"env_id": "Acrobot-v1"}, "model": {}}, path)
-    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -92,12 +94,8 @@ def write_foreign_checkpoint(path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
-    proc = run_algorithm("ppo", *flags, cwd=tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("ppo.py: error:")]
-    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
+    assert_one_error_line("ppo", run_algorithm("ppo", *flags, cwd=tmp_path, check=False), message)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

@@ -11,7 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values
+from conftest import (
+    ROOT,
+    assert_one_error_line,
+    load_algorithm,
+    only_run,
+    run_algorithm,
+    scalars,
+    seeded_runs,
+    values,
+    write_foreign_checkpoint,
+)
 
 qlearning = load_algorithm("qlearning")
 
@@ -226,20 +236,14 @@ def test_box_observations_train_save_reload_and_evaluate(env_id, flags, states, 
 
 
 def test_same_seed_same_run_on_cpu(tmp_path):
-    runs = []
-    for i, seed in enumerate((7, 7, 8)):
-        run_algorithm("qlearning", "--seed", str(seed), "--total-timesteps", "30000", "--log-every", "1000",
-                      "--exp-name", f"s{i}", "--save-model", "--eval-episodes", "50", cwd=tmp_path)  # fmt: skip
-        run = next((tmp_path / "runs").glob(f"*__s{i}__*"))
+    def read(run):
         table = torch.load(run / "qlearning.model", weights_only=False)["q"]
-        runs.append([values(run, t) for t in ("charts/episodic_return", "losses/td_error")] + [table.tolist()])
+        return [values(run, t) for t in ("charts/episodic_return", "losses/td_error")] + [table.tolist()]
+
+    flags = ["--total-timesteps", "30000", "--log-every", "1000", "--save-model", "--eval-episodes", "50"]
+    runs = seeded_runs("qlearning", (7, 7, 8), tmp_path, *flags, read=read)
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
-
-
-def write_foreign_checkpoint(path):
-    torch.save({"args": {"env_id": "Taxi-v3"}, "q": torch.zeros(1)}, path)
-    return str(path)
 
 
 @pytest.mark.parametrize(
@@ -254,12 +258,8 @@ def write_foreign_checkpoint(path):
     ],
 )  # fmt: skip
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt") if f == "FOREIGN" else f for f in flags]
-    proc = run_algorithm("qlearning", *flags, cwd=tmp_path, check=False)
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("qlearning.py: error:")]
-    assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr
+    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Taxi-v3") if f == "FOREIGN" else f for f in flags]
+    assert_one_error_line("qlearning", run_algorithm("qlearning", *flags, cwd=tmp_path, check=False), message)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
