@@ -596,7 +596,7 @@ def main(args: Args) -> None:
     next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     recent_returns: list[float] = []
-    losses, q_means, num_updates = [], [], 0  # per-update losses and Q means, averaged when logged
+    losses, q_means = [], []  # per-update losses and Q means, averaged when logged
     start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
     env_seconds, update_seconds = 0.0, 0.0
     duration = args.exploration_fraction * args.total_timesteps
@@ -642,18 +642,17 @@ def main(args: Args) -> None:
                 # kept as a list and stacked once per log interval: no stack and add per update
                 losses.append(loss.detach())
                 q_means.append(q_mean.detach())
-                num_updates += 1
             if global_step // args.target_network_frequency > (global_step - N) // args.target_network_frequency:
                 soft_update(target_network, q_network, args.tau)
             update_seconds += time.perf_counter() - t0
 
         # --- logging: one host sync per log interval ---
         if global_step // args.log_every > (global_step - N) // args.log_every or global_step >= args.total_timesteps:
-            if num_updates:
+            if losses:
                 td_loss, q_values = torch.stack(losses).mean().item(), torch.stack(q_means).mean().item()
                 writer.add_scalar("losses/td_loss", td_loss, global_step)
                 writer.add_scalar("losses/q_values", q_values, global_step)
-                losses, q_means, num_updates = [], [], 0
+                losses, q_means = [], []
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
             writer.add_scalar("charts/SPS", sps, global_step)
