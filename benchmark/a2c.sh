@@ -31,19 +31,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-classic}"
 
-bench() {  # bench NAME ENV... [-- FLAGS]: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
-  local name=$1
-  shift
-  python benchmark/run.py --algo a2c --name "$name" --seeds 3 --env-ids "$@"
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
-}
+source benchmark/common.sh
 
 # the zoo's figures are of the final agent, greedy outside Atari: --save-model evaluates the reloaded model
 final=(--save-model --eval-deterministic)
 if [[ $family == classic || $family == all ]]; then
-  bench a2c_cartpole CartPole-v1 -- "${final[@]}"
-  bench a2c_acrobot Acrobot-v1 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward
-  bench a2c_mountaincar MountainCar-v0 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
+  bench a2c a2c_cartpole CartPole-v1 -- "${final[@]}"
+  bench a2c a2c_acrobot Acrobot-v1 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward
+  bench a2c a2c_mountaincar MountainCar-v0 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
 fi
-if [[ $family == atari || $family == all ]]; then bench a2c_atari Pong-v5 Breakout-v5 BeamRider-v5 -- --save-model; fi
-if [[ $family == mujoco || $family == all ]]; then bench a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}"; fi
+if [[ $family == atari || $family == all ]]; then bench a2c a2c_atari Pong-v5 Breakout-v5 BeamRider-v5 -- --save-model; fi
+if [[ $family == mujoco || $family == all ]]; then bench a2c a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}"; fi

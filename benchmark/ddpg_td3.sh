@@ -32,22 +32,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-td3}"
 
-bench() {  # bench NAME ENV... [-- FLAGS]: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
-  local name=$1
-  shift
-  python benchmark/run.py --algo ddpg_td3 --name "$name" --seeds 3 --env-ids "$@"
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
-}
+source benchmark/common.sh
 
 if [[ $family == td3 || $family == mujoco ]]; then
-  bench ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 --save-model
+  bench ddpg_td3 ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 --save-model
 fi
 if [[ $family == ddpg || $family == mujoco ]]; then
-  bench ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg --policy-frequency 2 --save-model
+  bench ddpg_td3 ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg --policy-frequency 2 --save-model
 fi
 if [[ $family == pendulum ]]; then
-  bench ddpg_td3_td3_pendulum Pendulum-v1 -- --algo td3 --save-model
-  bench ddpg_td3_ddpg_pendulum Pendulum-v1 -- --algo ddpg --save-model
+  bench ddpg_td3 ddpg_td3_td3_pendulum Pendulum-v1 -- --algo td3 --save-model
+  bench ddpg_td3 ddpg_td3_ddpg_pendulum Pendulum-v1 -- --algo ddpg --save-model
 fi
 if [[ $family == speed ]]; then
   for threads in 1 2; do

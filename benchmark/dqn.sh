@@ -26,15 +26,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-classic}"
 
-bench() {  # bench NAME ENV...: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
-  local name=$1
-  shift
-  python benchmark/run.py --algo dqn --name "$name" --seeds 3 --env-ids "$@"
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
-}
+source benchmark/common.sh
 
-if [[ $family == classic || $family == all ]]; then bench dqn_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
-if [[ $family == atari || $family == all ]]; then bench dqn_atari Pong-v5 Breakout-v5 BeamRider-v5; fi
+if [[ $family == classic || $family == all ]]; then bench dqn dqn_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
+if [[ $family == atari || $family == all ]]; then bench dqn dqn_atari Pong-v5 Breakout-v5 BeamRider-v5; fi
 if [[ $family == speed ]]; then
   python algorithms/dqn.py --env-id CartPole-v1 --total-timesteps 100000 --exp-name speed | tail -4
   python algorithms/dqn.py --env-id Breakout-v5 --total-timesteps 20000 --learning-starts 10000 --exp-name speed | tail -4

@@ -33,18 +33,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-classic}"
 
-bench() {  # bench NAME ENV... [-- FLAGS]: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
-  local name=$1
-  shift
-  python benchmark/run.py --algo es --name "$name" --seeds 3 --env-ids "$@"
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
-}
+source benchmark/common.sh
 
 if [[ $family == classic || $family == all ]]; then
-  bench es_cartpole CartPole-v1 -- --save-model
-  bench es_pendulum Pendulum-v1 -- --save-model --preset classic
+  bench es es_cartpole CartPole-v1 -- --save-model
+  bench es es_pendulum Pendulum-v1 -- --save-model --preset classic
 fi
-if [[ $family == mujoco || $family == all ]]; then bench es_mujoco HalfCheetah-v4 Hopper-v4 -- --save-model; fi
+if [[ $family == mujoco || $family == all ]]; then bench es es_mujoco HalfCheetah-v4 Hopper-v4 -- --save-model; fi
 
 if [[ $family == speed ]]; then
   # 1. the rollout alone (batched forward + envpool, env steps counted whether a member is done or not) and the

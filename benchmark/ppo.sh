@@ -21,13 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-classic}"
 
-bench() {  # bench NAME ENV...: 3 seeds of each env, then the plots and the table into benchmark/results/NAME
-  local name=$1
-  shift
-  python benchmark/run.py --algo ppo --name "$name" --seeds 3 --env-ids "$@"
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
-}
+source benchmark/common.sh
 
-if [[ $family == classic || $family == all ]]; then bench ppo_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
-if [[ $family == atari || $family == all ]]; then bench ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
-if [[ $family == mujoco || $family == all ]]; then bench ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4; fi
+if [[ $family == classic || $family == all ]]; then bench ppo ppo_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
+if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
+if [[ $family == mujoco || $family == all ]]; then bench ppo ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4; fi

@@ -23,14 +23,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-all}"
 
-bench() {  # bench NAME ENV...: 3 seeds of each env with --save-model (the reloaded table evaluated over 1000 episodes)
-  local name=$1
-  shift
-  python benchmark/run.py --algo qlearning --name "$name" --seeds 3 --env-ids "$@" -- --save-model --progress-interval 30
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
-  grep -H "of the optimum from step" "benchmark/runs/$name"/logs/*.log | sed 's|.*/logs/||' \
-    >"benchmark/results/$name/optimum_reached.txt" || true
+source benchmark/common.sh
+
+qbench() {  # bench, plus each run's step and training time to the optimum, from its log
+  bench qlearning "$@" -- --save-model --progress-interval 30
+  grep -H "of the optimum from step" "benchmark/runs/$1"/logs/*.log | sed 's|.*/logs/||' \
+    >"benchmark/results/$1/optimum_reached.txt" || true
 }
 
-if [[ $family == toytext || $family == all ]]; then bench qlearning_toytext FrozenLake-v1 FrozenLake8x8-v1 Taxi-v3 CliffWalking-v0; fi
-if [[ $family == classic || $family == all ]]; then bench qlearning_classic MountainCar-v0; fi
+if [[ $family == toytext || $family == all ]]; then qbench qlearning_toytext FrozenLake-v1 FrozenLake8x8-v1 Taxi-v3 CliffWalking-v0; fi
+if [[ $family == classic || $family == all ]]; then qbench qlearning_classic MountainCar-v0; fi
