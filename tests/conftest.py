@@ -3,6 +3,7 @@
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,21 @@ def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = 300, check:
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTERM, unit: str = "step", env=None) -> str:
+    """Start algorithms/<name>.py, send `sig` once its progress line ("<unit> N/total ...") reaches N >= at, wait,
+    and check the exit: 128 + sig after the checkpoint that SIGTERM and SIGINT ask for, -9 for SIGKILL. Returns
+    its output."""
+    cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
+        if (m := re.match(rf"{unit} ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= at:
+            proc.send_signal(sig)
+            break
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), out[-3000:]
+    return out
 
 
 def seeded_runs(name: str, seeds, cwd: Path, *flags: str, read, env=None) -> list:

@@ -1,23 +1,18 @@
 """a2c.py: n-step returns, the loss (and its equality with PPO's at ratio 1), RMSprop, runs end to end, learning."""
 
-import re
-import signal
-import subprocess
-import sys
-
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from conftest import (
-    ROOT,
     assert_one_error_line,
     load_algorithm,
     only_run,
     run_algorithm,
     scalars,
     seeded_runs,
+    stop_run,
     values,
     write_foreign_checkpoint,
 )
@@ -259,16 +254,9 @@ def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
 
 def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):
     total, batch, log_every = 40_000, 40, 10
-    cmd = [sys.executable, str(ROOT / "algorithms" / "a2c.py"), "--total-timesteps", str(total), "--progress-interval", "0"]
-    cmd += ["--log-interval", str(log_every)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     # 1,000 progress lines overfill the pipe: the run cannot finish before the reader reaches step 2,000
-    for line in proc.stdout:
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 2000:
-            proc.send_signal(signal.SIGTERM)
-            break
-    proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM
+    flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--log-interval", str(log_every)]
+    stop_run("a2c", *flags, cwd=tmp_path, at=2000)
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 2000 <= ckpt["global_step"] < total

@@ -2,10 +2,7 @@
 learning."""
 
 import os
-import re
 import signal
-import subprocess
-import sys
 
 import envpool
 import gymnasium as gym
@@ -14,13 +11,13 @@ import pytest
 import torch
 
 from conftest import (
-    ROOT,
     assert_one_error_line,
     load_algorithm,
     only_run,
     run_algorithm,
     scalars,
     seeded_runs,
+    stop_run,
     values,
     write_foreign_checkpoint,
 )
@@ -231,16 +228,9 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
     """SIGTERM writes a checkpoint at once (here with the replay buffer); SIGKILL falls back to the last periodic
     one and the resumed run purges the events logged after it, then refills the buffer it did not save."""
     total, log_every = 2000, 200
-    cmd = [sys.executable, str(ROOT / "algorithms" / "ddpg_td3.py"), "--env-id", "Pendulum-v1"]
-    cmd += ["--total-timesteps", str(total), "--progress-interval", "0", "--checkpoint-every", "600", *TINY]
-    cmd += ["--save-buffer"] if save_buffer else []
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True, env=ONE_THREAD)
-    for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 800:
-            proc.send_signal(sig)
-            break
-    proc.communicate(timeout=120)
-    assert proc.returncode in (128 + sig, -sig)
+    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", str(total), "--progress-interval", "0"]
+    flags += ["--checkpoint-every", "600", *TINY] + (["--save-buffer"] if save_buffer else [])
+    stop_run("ddpg_td3", *flags, cwd=tmp_path, at=800, sig=sig, env=ONE_THREAD)  # between two periodic checkpoints
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 600 <= ckpt["global_step"] < total

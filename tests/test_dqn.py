@@ -1,9 +1,6 @@
 """dqn.py: TD targets, the frame-sharing replay buffer against envpool, end-to-end runs, resume, learning."""
 
-import re
 import signal
-import subprocess
-import sys
 
 import envpool
 import numpy as np
@@ -11,13 +8,13 @@ import pytest
 import torch
 
 from conftest import (
-    ROOT,
     assert_one_error_line,
     load_algorithm,
     only_run,
     run_algorithm,
     scalars,
     seeded_runs,
+    stop_run,
     values,
     write_foreign_checkpoint,
 )
@@ -233,15 +230,9 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
     """SIGTERM writes a checkpoint at once (here with the replay buffer); SIGKILL falls back to the last periodic
     one and the resumed run purges the events logged after it, then refills the buffer it did not save."""
     total, log_every = 8000, 500
-    cmd = [sys.executable, str(ROOT / "algorithms" / "dqn.py"), "--total-timesteps", str(total), "--progress-interval", "0"]
-    cmd += ["--checkpoint-every", "2000", *SMALL] + (["--save-buffer"] if save_buffer else [])
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 3000:
-            proc.send_signal(sig)
-            break
-    proc.communicate(timeout=120)
-    assert proc.returncode in (128 + sig, -sig)
+    flags = ["--total-timesteps", str(total), "--progress-interval", "0"]
+    flags += ["--checkpoint-every", "2000", *SMALL] + (["--save-buffer"] if save_buffer else [])
+    stop_run("dqn", *flags, cwd=tmp_path, at=3000, sig=sig)  # between two periodic checkpoints
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 2000 <= ckpt["global_step"] < total

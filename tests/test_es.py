@@ -2,7 +2,6 @@
 two under torchrun, end-to-end runs, resume, bad input, learning."""
 
 import re
-import signal
 import subprocess
 import sys
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, values, write_foreign_checkpoint
+from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, stop_run, values, write_foreign_checkpoint
 
 es = load_algorithm("es")
 CPU = torch.device("cpu")
@@ -191,16 +190,7 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_algorithm("es", *flags, "--exp-name", "one", cwd=tmp_path)
 
-    stopped = subprocess.Popen(
-        [sys.executable, str(ROOT / "algorithms" / "es.py"), *flags, "--exp-name", "again"],
-        cwd=tmp_path, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    for line in stopped.stdout:
-        if line.startswith("generation 2/"):
-            stopped.send_signal(signal.SIGTERM)
-            break
-    out, _ = stopped.communicate(timeout=120)
-    assert stopped.returncode == 128 + signal.SIGTERM, out
+    out = stop_run("es", *flags, "--exp-name", "again", cwd=tmp_path, at=2, unit="generation")
     again = next((tmp_path / "runs").glob("*__again__*"))
     ckpt = torch.load(again / "checkpoint.pt", weights_only=False)
     assert 2 <= ckpt["generation"] < 8 and "resume with:" in out

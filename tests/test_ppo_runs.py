@@ -1,20 +1,17 @@
 """ppo.py end to end: each env family, save + reload, video, seeding, bad input, stop and resume."""
 
-import re
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from conftest import (
-    ROOT,
     assert_one_error_line,
     only_run,
     run_algorithm,
     scalars,
     seeded_runs,
+    stop_run,
     values,
     write_foreign_checkpoint,
 )
@@ -103,15 +100,8 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
     """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
     purges the events logged after it. Either way the curve has every iteration exactly once."""
     total, batch = 30720, 512
-    cmd = [sys.executable, str(ROOT / "algorithms" / "ppo.py"), "--total-timesteps", str(total), "--progress-interval", "0"]
-    cmd += ["--checkpoint-every", "5120"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 8192:
-            proc.send_signal(sig)
-            break
-    proc.communicate(timeout=120)
-    assert proc.returncode in (128 + sig, -sig)
+    flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--checkpoint-every", "5120"]
+    stop_run("ppo", *flags, cwd=tmp_path, at=8192, sig=sig)  # between two periodic checkpoints
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 5120 <= ckpt["global_step"] < total

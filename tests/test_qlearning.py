@@ -3,8 +3,6 @@ transition tables), the discretiser, the episode cap, seeding, save + reload, ba
 
 import re
 import signal
-import subprocess
-import sys
 
 import gymnasium as gym
 import numpy as np
@@ -12,13 +10,13 @@ import pytest
 import torch
 
 from conftest import (
-    ROOT,
     assert_one_error_line,
     load_algorithm,
     only_run,
     run_algorithm,
     scalars,
     seeded_runs,
+    stop_run,
     values,
     write_foreign_checkpoint,
 )
@@ -267,15 +265,9 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
     """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
     purges the events logged after it. Either way the curve has every logging step exactly once."""
     total, log_every = 200_000, 3200  # 50 vector steps of 64 envs per log
-    cmd = [sys.executable, str(ROOT / "algorithms" / "qlearning.py"), "--total-timesteps", str(total)]
-    cmd += ["--progress-interval", "0", "--log-every", str(log_every), "--checkpoint-every", "32000"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # stop mid-run, between two periodic checkpoints
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 48_000:
-            proc.send_signal(sig)
-            break
-    proc.communicate(timeout=120)
-    assert proc.returncode in (128 + sig, -sig)
+    flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--log-every", str(log_every)]
+    flags += ["--checkpoint-every", "32000"]
+    stop_run("qlearning", *flags, cwd=tmp_path, at=48_000, sig=sig)  # between two periodic checkpoints
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 32_000 <= ckpt["global_step"] < total
