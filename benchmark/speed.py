@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> str:
         shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)})" if flags else "")
         rows.append(f"| {algo}.py | {env_id} | {num_envs} | {shown} | {learner:,.0f} | {env:,.0f} | {learner / env:.1%} |")
         print(rows[-1], flush=True)
+    if args.only is not None and Path(args.out).exists():  # the rows not measured now stay as they were
+        key = lambda row: " | ".join(row.split(" | ")[:2])  # noqa: E731  "| algo.py | env_id"
+        table = [line for line in Path(args.out).read_text().splitlines() if line.startswith("| ") and "---" not in line]
+        by_key = {key(row): row for row in table[1:] + rows}  # a new row replaces its old one
+        rows = [by_key[k] for k in (f"| {c[0]}.py | {c[1]}" for c in CONFIGS) if k in by_key]
     cpu = platform.processor() or platform.machine()
     text = "\n".join(
         [

@@ -79,10 +79,15 @@ def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
     assert "short of reference" in rows["MountainCar-v0"][-1]
 
 
-def test_speed_row_compares_the_learner_with_the_env(tmp_path):
+def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path):
+    out = tmp_path / "s.md"
+    header = "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept |\n|---|\n"
+    out.write_text(header + "| dqn.py | CartPole-v1 | 1 | kept |\n| ppo.py | CartPole-v1 | 4 | old |\n")
     flags = ["--only", "ppo:CartPole-v1", "--steps-scale", "0.02", "--env-seconds", "0.5"]
-    text = speed.main([*flags, "--out", str(tmp_path / "s.md")])
-    (row,) = [line for line in text.splitlines() if line.startswith("| ppo.py")]
+    text = speed.main([*flags, "--out", str(out)])
+    table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(table) == 2 and table[1] == "| dqn.py | CartPole-v1 | 1 | kept |"  # in CONFIGS order; old row gone
+    row = table[0]
     cells = row.strip("|").split(" | ")
     learner, env = (float(c.replace(",", "")) for c in cells[4:6])
     assert 0 < learner < env and cells[6].strip(" |") == f"{learner / env:.1%}"
