@@ -32,6 +32,10 @@ class Args:
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
     """envpool id (CartPole-v1, Breakout-v5, ...) or any gymnasium id with Discrete actions, including 'module:Env-v0'"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """who steps the envs: envpool (C++ worker threads) or a gymnasium vector env in this process; auto takes
+    gymnasium for a single classic-control env that does not render, whose Python step (13-46 us) is cheaper than
+    envpool's hand-off to its worker thread (~65 us), and envpool for everything else it has"""
     preset: Literal["auto", "classic", "atari"] = "auto"
     """defaults that reproduce a family's reference: classic (CleanRL dqn.py), atari (CleanRL dqn_atari.py: 10M steps,
     1M buffer, lr 1e-4, batch 32, train every 4 steps, target copy every 1000); auto picks atari for image observations"""
@@ -147,14 +151,29 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, render: bool = False):
-    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
+def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
+    """The backend that steps env_id (see Args.env_backend); a clear error where the chosen one lacks the id.
+    auto renders with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
+    in_envpool = ":" not in env_id and env_id in envpool.list_all_envs()
+    spec = gym.registry.get(env_id)
+    classic = spec is not None and str(spec.entry_point).startswith("gymnasium.envs.classic_control")
+    if backend == "auto":
+        return "gymnasium" if not in_envpool or (classic and num_envs == 1 and not render) else "envpool"
+    if backend == "envpool" and not in_envpool:
+        fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
+    if backend == "gymnasium" and spec is None and ":" not in env_id:
+        fail(f"gymnasium has no env '{env_id}' registered; pass --env-backend envpool (or auto)")
+    return backend
+
+
+def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, backend: str, render=False):
+    """A vector env with next-step autoreset, from the backend pick_backend chooses.
 
     Returns (envs, is_atari). After a step that ends an episode, the next step ignores its action and returns
     reward 0 and the first observation of the next episode; that step never enters the replay buffer.
     """
     render_kwargs = dict(render_mode="rgb_array") if render else {}
-    if ":" not in env_id and env_id in envpool.list_all_envs():
+    if pick_backend(env_id, num_envs, backend, render) == "envpool":
         is_atari = hasattr(envpool.make_spec(env_id).config, "episodic_life")
         atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip) if is_atari else {}
         envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
@@ -164,19 +183,20 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
         env_id,
         num_envs=num_envs,
         vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
+        # copy=False: each step's observations are copied into the replay buffer before the next step overwrites them
+        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP, copy=False),
         **render_kwargs,
     )
     envs.reset(seed=seed)
     return envs, False
 
 
-def can_render(env_id: str) -> bool:
+def can_render(env_id: str, backend: str) -> bool:
     """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         f"import sys; sys.path.insert(0, {here!r}); import dqn; "
-        f"envs, _ = dqn.make_env({env_id!r}, 1, 0, False, False, render=True); envs.reset(); envs.render()"
+        f"envs, _ = dqn.make_env({env_id!r}, 1, 0, False, False, {backend!r}, render=True); envs.reset(); envs.render()"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
 
@@ -401,14 +421,15 @@ def soft_update(target_network: nn.Module, q_network: nn.Module, tau: float) -> 
 
 
 def select_actions(q_network: nn.Module, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
-    """Epsilon-greedy per env; the network runs only when some env acts greedily."""
-    explore = rng.random(len(obs)) < epsilon
-    random_actions = rng.integers(0, n_actions, len(obs))
+    """Epsilon-greedy per env; the network runs only when some env acts greedily (a step costs microseconds here)."""
+    explore = rng.random(obs.shape[0]) < epsilon
     if explore.all():
-        return random_actions
-    with torch.inference_mode():
-        greedy = q_network(obs).argmax(1).cpu().numpy()
-    return np.where(explore, random_actions, greedy)
+        return rng.integers(0, n_actions, obs.shape[0])
+    with torch.no_grad():
+        actions = q_network(obs).argmax(1).cpu().numpy()
+    if explore.any():
+        actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
+    return actions
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -440,7 +461,8 @@ def evaluate(q_network: QNetwork, args: Args, device: torch.device, video_path: 
     """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs,
     epsilon-greedy with args.eval_epsilon. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video_path is not None)
+    render = video_path is not None
+    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, render)
     rng = np.random.default_rng(args.seed + 100_000)  # its own generator: evaluating does not change training
     n_actions = int(envs.single_action_space.n)
     obs, _ = envs.reset()
@@ -498,6 +520,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail("--tau and --exploration-fraction must lie in (0, 1]")
     if args.eval_episodes < 1:
         fail("--eval-episodes must be at least 1")
+    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here, before a run directory is made
 
 
 def main(args: Args) -> None:
@@ -511,7 +534,7 @@ def main(args: Args) -> None:
         args = Args(**{**ckpt["args"], "resume": args.resume})
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    if args.capture_video and not can_render(args.env_id):
+    if args.capture_video and not can_render(args.env_id, args.env_backend):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
     safe_id = args.env_id.replace("/", "-").replace(":", "-")
@@ -526,9 +549,9 @@ def main(args: Args) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # envs are not restored by a resume, so its envs take a fresh seed
-    global_step = ckpt["global_step"] if ckpt else 0
-    envs, is_atari = make_env(args.env_id, args.num_envs, args.seed + global_step, args.episodic_life, args.reward_clip)
-    n_actions, N = int(action_space.n), args.num_envs
+    global_step, N = (ckpt["global_step"] if ckpt else 0), args.num_envs
+    envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
+    n_actions = int(action_space.n)
 
     q_network = QNetwork(obs_space, action_space).to(device)
     target_network = QNetwork(obs_space, action_space).to(device)
@@ -600,6 +623,7 @@ def main(args: Args) -> None:
     start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
     env_seconds, update_seconds = 0.0, 0.0
     duration = args.exploration_fraction * args.total_timesteps
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
     while global_step < args.total_timesteps:
         # --- acting ---
@@ -614,8 +638,9 @@ def main(args: Args) -> None:
         obs_np = next_obs_np
 
         # episode statistics on the raw score of the full game (envpool's info["reward"], info["terminated"])
+        done = term | trunc
         raw_reward = info["reward"] if is_atari else reward
-        game_over = (info["terminated"].astype(bool) | trunc) if is_atari else (term | trunc)
+        game_over = (info["terminated"].astype(bool) | trunc) if is_atari else done
         ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
             ep_return, ep_length, raw_reward, next_valid, game_over
         )
@@ -623,7 +648,7 @@ def main(args: Args) -> None:
             writer.add_scalar("charts/episodic_return", r, global_step)
             writer.add_scalar("charts/episodic_length", length, global_step)
             recent_returns = (recent_returns + [float(r)])[-20:]
-        next_valid, next_first = ~(term | trunc), game_over
+        next_valid, next_first = ~done, game_over
 
         # --- update ---
         if global_step > train_from:
@@ -675,7 +700,6 @@ def main(args: Args) -> None:
             writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
             print(f"eval at step {global_step:,}: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
             eval_seconds += time.time() - t0
-        checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
         periodic = args.checkpoint_every and global_step // args.checkpoint_every > (global_step - N) // args.checkpoint_every
         if periodic or stop:
             save_checkpoint(checkpoint_path, checkpoint_state(args.save_buffer))

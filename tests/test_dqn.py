@@ -1,8 +1,10 @@
 """dqn.py: TD targets, the frame-sharing replay buffer against envpool, end-to-end runs, resume, learning."""
 
+import functools
 import signal
 
 import envpool
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -72,17 +74,17 @@ def test_linear_schedule_and_target_updates():
 # ---------------------------------------------------------------------------------------------------------------
 # The replay buffer
 # ---------------------------------------------------------------------------------------------------------------
-def fill_from_envpool(env_id, num_envs, capacity, steps, check_every, seed=0, **kwargs):
-    """Play random actions, feed the buffer as dqn.main does, keep everything envpool returned, and at every
-    check_every-th step compare every sampleable transition of the buffer with it. Returns the counts seen."""
-    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
-    is_atari = "episodic_life" in kwargs
+def fill_buffer(envs, is_atari, capacity, steps, check_every, seed=0):
+    """Play random actions, feed the buffer as dqn.main does, keep a copy of everything the envs returned, and at
+    every check_every-th step compare every sampleable transition of the buffer with it. Returns the counts seen.
+    A copy, since dqn.make_env's gymnasium envs return the same observation array at every step."""
     obs, _ = envs.reset()
+    num_envs = obs.shape[0]
     stack = obs.shape[1] if is_atari else 1
     rb = dqn.ReplayBuffer(capacity, num_envs, obs.shape[1:], obs.dtype, stack, seed)
     rb.start(obs)
     rng = np.random.default_rng(seed)
-    obs_hist, action_hist, reward_hist, term_hist = [obs], [], [None], [None]
+    obs_hist, action_hist, reward_hist, term_hist = [obs.copy()], [], [None], [None]
     done_hist = [np.zeros(num_envs, dtype=bool)]  # done returned with obs k: transition k is the reset step
     trunc_hist = [np.zeros(num_envs, dtype=bool)]
     next_valid, next_first = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
@@ -96,7 +98,7 @@ def fill_from_envpool(env_id, num_envs, capacity, steps, check_every, seed=0, **
         counts["life_losses"] += int((term & ~game_over).sum())
         counts["game_overs"] += int((term & game_over).sum())
         counts["truncations"] += int(trunc.sum())
-        obs_hist.append(obs)
+        obs_hist.append(obs.copy())
         action_hist.append(actions)
         reward_hist.append(reward)
         term_hist.append(term)
@@ -120,7 +122,8 @@ def fill_from_envpool(env_id, num_envs, capacity, steps, check_every, seed=0, **
             assert rb.actions[s, e] == action_hist[k][e]
             assert rb.rewards[s, e] == reward_hist[k + 1][e]
             assert rb.terminations[s, e] == term_hist[k + 1][e]
-            if trunc_hist[k + 1][e]:  # truncation: not terminal, next observation the real final one
+            if trunc_hist[k + 1][e] and not term_hist[k + 1][e]:  # truncation alone: not terminal, next observation
+                # the real final one (gymnasium can report both at the time limit: then termination wins)
                 assert rb.terminations[s, e] == 0
             counts["checked"] += 1
         # sample() draws only from the sampleable transitions
@@ -135,15 +138,31 @@ def test_frame_sharing_buffer_rebuilds_the_stacks_envpool_returned():
     """Breakout with episodic life: sampled stacks equal envpool's across lost lives (the stack carries on),
     game overs and truncations (the new stack is four copies of the first frame), and a buffer that wraps
     around 20 times."""
-    counts = fill_from_envpool("Breakout-v5", 2, 64, 1300, 13, episodic_life=True, reward_clip=True, max_episode_steps=170)
+    kwargs = dict(num_envs=2, seed=0, episodic_life=True, reward_clip=True, max_episode_steps=170)
+    counts = fill_buffer(envpool.make("Breakout-v5", env_type="gymnasium", **kwargs), True, 64, 1300, 13)
     assert counts["life_losses"] >= 10 and counts["game_overs"] >= 2 and counts["truncations"] >= 2, counts
     assert counts["checked"] > 5000
 
 
-def test_reset_step_never_enters_the_buffer_and_truncation_keeps_the_final_observation():
-    """CartPole with an 18-step limit: random play ends episodes by termination and by truncation."""
-    counts = fill_from_envpool("CartPole-v1", 3, 50, 400, 7, max_episode_steps=18)
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_reset_step_never_enters_the_buffer_and_truncation_keeps_the_final_observation(backend, monkeypatch):
+    """CartPole with an 18-step limit: random play ends episodes by termination and by truncation. Both backends
+    of dqn.make_env, as dqn.main makes them (the gymnasium one reuses its observation array)."""
+    monkeypatch.setattr(dqn.envpool, "make", functools.partial(envpool.make, max_episode_steps=18))
+    monkeypatch.setattr(dqn.gym, "make_vec", functools.partial(gym.make_vec, max_episode_steps=18))
+    envs, is_atari = dqn.make_env("CartPole-v1", 3, 0, False, False, backend)
+    assert isinstance(envs, gym.vector.SyncVectorEnv) == (backend == "gymnasium")
+    counts = fill_buffer(envs, is_atari, 50, 400, 7)
     assert counts["game_overs"] >= 5 and counts["truncations"] >= 5, counts
+
+
+def test_auto_backend_is_gymnasium_for_one_classic_control_env_and_envpool_otherwise():
+    pick = dqn.pick_backend
+    assert pick("CartPole-v1", 1, "auto") == pick("MountainCar-v0", 1, "auto") == "gymnasium"
+    assert pick("CartPole-v1", 4, "auto") == pick("Breakout-v5", 1, "auto") == pick("LunarLander-v2", 1, "auto") == "envpool"
+    assert pick("corridor_env:Corridor-v0", 4, "auto") == "gymnasium"  # envpool lacks it
+    assert pick("CartPole-v1", 1, "envpool") == "envpool" and pick("CartPole-v1", 8, "gymnasium") == "gymnasium"
+    assert pick("CartPole-v1", 1, "auto", render=True) == "envpool"  # gymnasium would need pygame to render it
 
 
 def test_atari_buffer_of_a_million_transitions_stays_under_7_1_gb():
@@ -216,13 +235,15 @@ def test_same_seed_same_run_on_cpu(tmp_path):
         (["--env-id", "Pendulum-v1"], r"needs Discrete actions; Pendulum-v1 has Box.*use ddpg_td3.py"),
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
         (["--learning-starts", "10"], r"--learning-starts 10 is less than --batch-size 128"),
+        (["--env-id", "Breakout-v5", "--env-backend", "gymnasium"], r"gymnasium has no env 'Breakout-v5'.*envpool"),
+        (["--env-id", "corridor_env:Corridor-v0", "--env-backend", "envpool"], r"envpool has no env 'corridor_env:Corr"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
     ],
 )
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
     flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
-    assert_one_error_line("dqn", run_algorithm("dqn", *flags, cwd=tmp_path, check=False), message)
+    assert_one_error_line("dqn", run_algorithm("dqn", *flags, cwd=tmp_path, check=False, env=test_env), message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])
