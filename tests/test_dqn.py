@@ -276,11 +276,13 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.learning
 def test_dqn_cartpole_reaches_475_with_the_classic_defaults(tmp_path):
-    """The classic preset (CleanRL dqn.py: 500k steps, epsilon 1 -> 0.05 over 250k). Measured on 2 loaded CPU
-    cores: seeds 1-3 all end at a mean of 500.0 over the last 20 episodes and first reach 475 at 287k, 257k and
-    254k steps, so the check has over 200k steps of slack. Shorter budgets are not safe: 100k and 200k ended under
-    475 for 4 of 5 and 2 of 3 seeds (DQN on CartPole oscillates until epsilon has decayed). About 100 s at 5,000 SPS,
-    150-190 s at the 2,700-3,500 SPS measured under load."""
+    """The classic preset (CleanRL dqn.py: 500k steps, epsilon 1 -> 0.05 over 250k), one env through gymnasium
+    (--env-backend auto). Measured on this 2-core CPU with the default threads, as here: the mean over 20 episodes
+    first reaches 475 at 283k, 279k, 299k, 259k and 345k steps for seeds 1-5, so seed 1 has 217k steps of slack
+    and the worst seed 155k. The check is "reaches", not "holds": DQN on CartPole dips after it has learned
+    (seeds 1-5 end at 500.0, 500.0, 488.4, 478.8 and 497.9, and seed 3 was under 475 again at 479k). Shorter
+    budgets are not safe: epsilon only reaches 0.05 at 250k. About 100 s at 5,000 SPS."""
     run_algorithm("dqn", "--seed", "1", cwd=tmp_path, timeout=900)
     returns = values(only_run(tmp_path), "charts/episodic_return")
-    assert len(returns) >= 20 and np.mean(returns[-20:]) >= 475
+    means = np.convolve(returns, np.ones(20) / 20, mode="valid")  # every window of 20 consecutive episodes
+    assert len(means) and means.max() >= 475, f"best 20-episode mean {means.max() if len(means) else None}"
