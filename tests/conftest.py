@@ -48,8 +48,10 @@ def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTER
     return out
 
 
-def seeded_runs(name: str, seeds, cwd: Path, *flags: str, read, env=None) -> list:
-    """Run algorithms/<name>.py once per seed (exp names s0, s1, ...) and return read(run_dir) of each run."""
+def seeded_runs(name: str, seeds, cwd: Path, *flags: str, tags=(), read=None, env=None) -> list:
+    """Run algorithms/<name>.py once per seed (exp names s0, s1, ...) and return, for each run, read(run_dir), or by
+    default the logged values of each of tags."""
+    read = read or (lambda run: [values(run, t) for t in tags])
     runs = []
     for i, seed in enumerate(seeds):
         run_algorithm(name, "--seed", str(seed), "--exp-name", f"s{i}", *flags, cwd=cwd, env=env)
@@ -62,6 +64,16 @@ def write_foreign_checkpoint(path: Path, env_id: str) -> str:
     for before it compares the env (args and model, or q for qlearning.py's table)."""
     torch.save({"args": {"env_id": env_id}, "model": {}, "q": torch.zeros(1)}, path)
     return str(path)
+
+
+def with_foreign_checkpoint(flags: list[str], cwd: Path, env_id: str) -> list[str]:
+    """flags with the placeholder FOREIGN replaced by the path of a checkpoint written for env_id."""
+    return [write_foreign_checkpoint(cwd / "foreign.pt", env_id) if f == "FOREIGN" else f for f in flags]
+
+
+def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, env=None) -> subprocess.CompletedProcess:
+    """Run algorithms/<name>.py with bad flags (FOREIGN: a checkpoint of foreign_env_id), letting it fail."""
+    return run_algorithm(name, *with_foreign_checkpoint(flags, cwd, foreign_env_id), cwd=cwd, check=False, env=env)
 
 
 def assert_one_error_line(name: str, proc: subprocess.CompletedProcess, message: str) -> None:

@@ -15,11 +15,11 @@ from conftest import (
     load_algorithm,
     only_run,
     run_algorithm,
+    run_bad_input,
     scalars,
     seeded_runs,
     stop_run,
     values,
-    write_foreign_checkpoint,
 )
 
 td3 = load_algorithm("ddpg_td3")
@@ -201,9 +201,7 @@ def test_algo_and_family_presets_set_real_flags_and_a_given_flag_wins():
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/qf1_loss", "losses/actor_loss")
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "500", *TINY]
-    runs = seeded_runs(
-        "ddpg_td3", (7, 7, 8), tmp_path, *flags, read=lambda run: [values(run, t) for t in tags], env=ONE_THREAD
-    )
+    runs = seeded_runs("ddpg_td3", (7, 7, 8), tmp_path, *flags, tags=tags, env=ONE_THREAD)
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -219,8 +217,7 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Walker2d-v4") if f == "FOREIGN" else f for f in flags]
-    assert_one_error_line("ddpg_td3", run_algorithm("ddpg_td3", *flags, cwd=tmp_path, check=False), message)
+    assert_one_error_line("ddpg_td3", run_bad_input("ddpg_td3", flags, tmp_path, "Walker2d-v4"), message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])

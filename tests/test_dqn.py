@@ -14,11 +14,11 @@ from conftest import (
     load_algorithm,
     only_run,
     run_algorithm,
+    run_bad_input,
     scalars,
     seeded_runs,
     stop_run,
     values,
-    write_foreign_checkpoint,
 )
 
 dqn = load_algorithm("dqn")
@@ -224,7 +224,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/td_loss", "losses/q_values")
     flags = ["--total-timesteps", "2500", *SMALL]
-    runs = seeded_runs("dqn", (7, 7, 8), tmp_path, *flags, read=lambda run: [values(run, t) for t in tags])
+    runs = seeded_runs("dqn", (7, 7, 8), tmp_path, *flags, tags=tags)
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -242,8 +242,7 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
-    assert_one_error_line("dqn", run_algorithm("dqn", *flags, cwd=tmp_path, check=False, env=test_env), message)
+    assert_one_error_line("dqn", run_bad_input("dqn", flags, tmp_path, "Acrobot-v1", env=test_env), message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, stop_run, values, write_foreign_checkpoint
+from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, stop_run, values, with_foreign_checkpoint
 
 es = load_algorithm("es")
 CPU = torch.device("cpu")
@@ -219,7 +219,7 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
 )
 def test_bad_input_gets_one_clear_error(flags, message, tmp_path, monkeypatch):
     """In-process (each subprocess costs seconds of imports); the last case below checks the stderr line."""
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
+    flags = with_foreign_checkpoint(flags, tmp_path, "Acrobot-v1")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         es.main(es.parse_args(flags))

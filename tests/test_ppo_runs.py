@@ -9,11 +9,11 @@ from conftest import (
     assert_one_error_line,
     only_run,
     run_algorithm,
+    run_bad_input,
     scalars,
     seeded_runs,
     stop_run,
     values,
-    write_foreign_checkpoint,
 )
 
 TAGS = {
@@ -72,9 +72,7 @@ def test_episodic_return_is_the_raw_atari_score(tmp_path):
 
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")
-    runs = seeded_runs(
-        "ppo", (7, 7, 8), tmp_path, "--total-timesteps", "3072", read=lambda run: [values(run, t) for t in tags]
-    )
+    runs = seeded_runs("ppo", (7, 7, 8), tmp_path, "--total-timesteps", "3072", tags=tags)
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -91,8 +89,7 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Acrobot-v1") if f == "FOREIGN" else f for f in flags]
-    assert_one_error_line("ppo", run_algorithm("ppo", *flags, cwd=tmp_path, check=False), message)
+    assert_one_error_line("ppo", run_bad_input("ppo", flags, tmp_path, "Acrobot-v1"), message)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

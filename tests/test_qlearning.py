@@ -14,11 +14,11 @@ from conftest import (
     load_algorithm,
     only_run,
     run_algorithm,
+    run_bad_input,
     scalars,
     seeded_runs,
     stop_run,
     values,
-    write_foreign_checkpoint,
 )
 
 qlearning = load_algorithm("qlearning")
@@ -256,8 +256,7 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     ],
 )  # fmt: skip
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    flags = [write_foreign_checkpoint(tmp_path / "foreign.pt", "Taxi-v3") if f == "FOREIGN" else f for f in flags]
-    assert_one_error_line("qlearning", run_algorithm("qlearning", *flags, cwd=tmp_path, check=False), message)
+    assert_one_error_line("qlearning", run_bad_input("qlearning", flags, tmp_path, "Taxi-v3"), message)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
