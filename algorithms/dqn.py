@@ -421,7 +421,8 @@ def soft_update(target_network: nn.Module, q_network: nn.Module, tau: float) -> 
 
 
 def select_actions(q_network: nn.Module, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
-    """Epsilon-greedy per env; the network runs only when some env acts greedily (a step costs microseconds here)."""
+    """Epsilon-greedy per env; the network runs only when some env acts greedily, and random actions are drawn only
+    for the envs that explore."""
     explore = rng.random(obs.shape[0]) < epsilon
     if explore.all():
         return rng.integers(0, n_actions, obs.shape[0])
@@ -549,9 +550,9 @@ def main(args: Args) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # envs are not restored by a resume, so its envs take a fresh seed
-    global_step, N = (ckpt["global_step"] if ckpt else 0), args.num_envs
+    global_step = ckpt["global_step"] if ckpt else 0
+    n_actions, N = int(action_space.n), args.num_envs
     envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
-    n_actions = int(action_space.n)
 
     q_network = QNetwork(obs_space, action_space).to(device)
     target_network = QNetwork(obs_space, action_space).to(device)
@@ -674,7 +675,7 @@ def main(args: Args) -> None:
         # --- logging: one host sync per log interval ---
         if global_step // args.log_every > (global_step - N) // args.log_every or global_step >= args.total_timesteps:
             if losses:
-                td_loss, q_values = torch.stack(losses).mean().item(), torch.stack(q_means).mean().item()
+                td_loss, q_values = torch.stack([torch.stack(losses), torch.stack(q_means)]).mean(1).tolist()
                 writer.add_scalar("losses/td_loss", td_loss, global_step)
                 writer.add_scalar("losses/q_values", q_values, global_step)
                 losses, q_means = [], []
