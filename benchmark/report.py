@@ -57,7 +57,9 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
 
 
 def mean_std(xs: list[float]) -> str:
-    return f"{np.mean(xs):.{3 if abs(np.mean(xs)) < 10 else 1}f} +- {np.std(xs):.{3 if abs(np.mean(xs)) < 10 else 1}f}"
+    mean, std = np.mean(xs), np.std(xs)
+    digits = 3 if abs(mean) < 10 else 1  # toy-text returns lie in [0, 1]
+    return f"{mean:.{digits}f} +- {std:.{digits}f}"
 
 
 def compare(mean: float, std: float, ref: dict | None) -> str:

@@ -51,18 +51,23 @@ def format_seconds(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def last_progress(log_path: Path) -> tuple[str, ...] | None:
+    """(unit, step, total, minutes, seconds) of the last progress line in a run's log, or None before the first."""
+    matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
+    return matches[-1] if matches else None
+
+
 def run_eta(log_path: Path) -> str:
     """The last progress line's step and ETA, as the script printed them."""
-    matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
-    if not matches:
+    if (progress := last_progress(log_path)) is None:
         return "starting"
-    unit, step, total, m, s = matches[-1]
+    unit, step, total, m, s = progress
     return f"{unit} {step}/{total}, ETA {m}m{s}s"
 
 
 def eta_seconds(log_path: Path) -> float | None:
-    matches = ETA_RE.findall(log_path.read_text(errors="replace")) if log_path.exists() else []
-    return int(matches[-1][3]) * 60 + int(matches[-1][4]) if matches else None
+    progress = last_progress(log_path)
+    return int(progress[3]) * 60 + int(progress[4]) if progress else None
 
 
 def status_view(jobs: list[dict], bench_dir: Path, num_slots: int) -> str:
