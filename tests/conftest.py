@@ -59,26 +59,31 @@ def seeded_runs(name: str, seeds, cwd: Path, *flags: str, tags=(), read=None, en
     return runs
 
 
-def write_foreign_checkpoint(path: Path, env_id: str) -> str:
-    """A checkpoint of another env, for the 'checkpoint is for <env>' error; it has the keys that each script checks
-    for before it compares the env (args and model, or q for qlearning.py's table)."""
-    torch.save({"args": {"env_id": env_id}, "model": {}, "q": torch.zeros(1)}, path)
+def write_foreign_checkpoint(path: Path, env_id: str, script: str) -> str:
+    """A checkpoint of script for another env, for the 'checkpoint is for <env>' error; it has the keys that each
+    script checks for before it compares the env."""
+    torch.save({"script": script, "kind": "checkpoint", "args": {"env_id": env_id}, "model": {}, "q": torch.zeros(1)}, path)
     return str(path)
 
 
-def with_foreign_checkpoint(flags: list[str], cwd: Path, env_id: str) -> list[str]:
-    """flags with the placeholder FOREIGN replaced by the path of a checkpoint written for env_id."""
-    return [write_foreign_checkpoint(cwd / "foreign.pt", env_id) if f == "FOREIGN" else f for f in flags]
+def with_foreign_checkpoint(flags: list[str], cwd: Path, env_id: str, script: str) -> list[str]:
+    """flags with the placeholder FOREIGN replaced by the path of a checkpoint of script written for env_id."""
+    return [write_foreign_checkpoint(cwd / "foreign.pt", env_id, script) if f == "FOREIGN" else f for f in flags]
 
 
 def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, env=None) -> subprocess.CompletedProcess:
     """Run algorithms/<name>.py with bad flags (FOREIGN: a checkpoint of foreign_env_id), letting it fail."""
-    return run_algorithm(name, *with_foreign_checkpoint(flags, cwd, foreign_env_id), cwd=cwd, check=False, env=env)
+    flags = with_foreign_checkpoint(flags, cwd, foreign_env_id, f"{name}.py")
+    before = run_dirs(cwd) if (cwd / "runs").is_dir() else []
+    proc = run_algorithm(name, *flags, cwd=cwd, check=False, env=env)
+    if proc.returncode != 0:  # bad input never leaves a run directory behind
+        assert (run_dirs(cwd) if (cwd / "runs").is_dir() else []) == before, proc.stderr
+    return proc
 
 
 def assert_one_error_line(name: str, proc: subprocess.CompletedProcess, message: str) -> None:
-    """Bad input: a non-zero exit, no traceback, and exactly one '<name>.py: error:' line that matches message."""
-    assert proc.returncode != 0
+    """Bad input: exit status 2, no traceback, and exactly one '<name>.py: error:' line that matches message."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith(f"{name}.py: error:")]
     assert len(error_lines) == 1 and re.search(message, error_lines[0]), proc.stderr

@@ -219,7 +219,7 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
 )
 def test_bad_input_gets_one_clear_error(flags, message, tmp_path, monkeypatch):
     """In-process (each subprocess costs seconds of imports); the last case below checks the stderr line."""
-    flags = with_foreign_checkpoint(flags, tmp_path, "Acrobot-v1")
+    flags = with_foreign_checkpoint(flags, tmp_path, "Acrobot-v1", "es.py")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
         es.main(es.parse_args(flags))

@@ -1,0 +1,75 @@
+"""The run plumbing is one text copied into every algorithm file (house style: a reader needs one file). This test
+fails, printing the diff, when a copy drifts; functions and classes of the same name in several files must read the
+same too, unless DIFFERENT below names them with the reason."""
+
+import ast
+import difflib
+
+import pytest
+
+from conftest import ROOT
+
+ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
+HEADING = "# ===============================================================================================================\n# Run plumbing"
+
+# Same name, different job: each file's own version, on purpose.
+DIFFERENT = {
+    "Args": "each algorithm's flags",
+    "RANGES": "each algorithm's flags",
+    "PRESETS": "each algorithm's reference settings",
+    "preset_defaults": "each algorithm's presets",
+    "main": "the algorithm",
+    "check_args": "each algorithm's spaces and flag combinations",
+    "evaluate": "each algorithm's policy",
+    "make_env": "each algorithm's env options (Atari wrappers, backend, episode cap)",
+    "can_render": "imports its own module and calls its own make_env",
+}
+
+
+def source(name: str) -> str:
+    return (ROOT / "algorithms" / f"{name}.py").read_text()
+
+
+def plumbing(name: str) -> str:
+    text = source(name)
+    assert text.count(HEADING) == 1, f"{name}.py has no single '# Run plumbing' heading"
+    return text[text.index(HEADING) :]
+
+
+def diff(a: str, b: str, name_a: str, name_b: str) -> str:
+    return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), name_a, name_b))
+
+
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if n != "ppo"])
+def test_the_plumbing_block_is_the_same_text_in_every_file(name):
+    reference, copy = plumbing("ppo"), plumbing(name)
+    assert copy == reference, "\n" + diff(reference, copy, "ppo.py", f"{name}.py")
+
+
+def top_level_definitions(name: str) -> dict[str, str]:
+    """Source of each top-level function, class and constant before the plumbing block."""
+    text = source(name)
+    text = text[: text.index(HEADING)] if HEADING in text else text
+    tree = ast.parse(text)
+    out = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = ast.get_source_segment(text, node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.get_source_segment(text, node)
+    return out
+
+
+def test_same_name_same_text_across_files():
+    definitions = {name: top_level_definitions(name) for name in ALGORITHMS}
+    problems = []
+    for symbol in sorted({s for defs in definitions.values() for s in defs}):
+        holders = [n for n in ALGORITHMS if symbol in definitions[n]]
+        if len(holders) < 2 or symbol in DIFFERENT:
+            continue
+        first = holders[0]
+        for other in holders[1:]:
+            a, b = definitions[first][symbol], definitions[other][symbol]
+            if a != b:
+                problems.append(diff(a, b, f"{first}.py:{symbol}", f"{other}.py:{symbol}"))
+    assert not problems, "same name, different text (make them one, or rename, or add to DIFFERENT):\n" + "\n".join(problems)
