@@ -1,8 +1,9 @@
 """A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it; benchmark: `bash benchmark/a2c.sh`."""
 
-import argparse
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 import random
 import signal
@@ -93,7 +94,7 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient norm clip"""
     norm_obs: bool = False
-    """normalise observations with running statistics (clipped to +-10)"""
+    """normalise vector observations with running statistics (clipped to +-10); not for image observations"""
     norm_reward: bool = False
     """scale rewards by the running std of the discounted return (clipped to +-10)"""
     episodic_life: bool = True
@@ -108,6 +109,27 @@ class Args:
     """total_timesteps // batch_size (computed)"""
 
 
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    log_interval="[1, inf)",
+    total_timesteps="[1, inf)",
+    learning_rate="(0, inf)",
+    num_envs="[1, inf)",
+    num_steps="[1, inf)",
+    gamma="[0, 1]",
+    gae_lambda="[0, 1]",
+    rmsprop_alpha="[0, 1)",
+    rmsprop_eps="(0, inf)",
+    ent_coef="[0, inf)",
+    vf_coef="[0, inf)",
+    max_grad_norm="(0, inf)",
+)
+
 # rl-baselines3-zoo's hyperparams/a2c.yml on top of SB3's A2C defaults (lr 7e-4, 5 steps, gamma 0.99, lambda 1,
 # vf 0.5, grad clip 0.5, RMSprop eps 1e-5), whose published results benchmark/a2c.sh reproduces. classic is its
 # CartPole-v1 entry (Acrobot and MountainCar add 16 envs and normalisation in a2c.sh); mujoco its MuJoCo entries
@@ -119,9 +141,14 @@ PRESETS = {
 }
 
 
-def fail(message: str):
-    """Bad input ends with one line on stderr and exit status 1, never a traceback."""
-    raise SystemExit(f"a2c.py: error: {message}")
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults of the preset the command line asks for; auto picks it from the env's spaces."""
+    env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
+    if preset == "auto":
+        obs_space, action_space = env_spaces(env_id)
+        image = len(obs_space.shape or ()) == 3
+        preset = "atari" if image else "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
+    return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -134,11 +161,15 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         return spec.observation_space, spec.action_space
     try:
         env = gym.make(env_id)
+    except ModuleNotFoundError:
+        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = envpool.list_all_envs() + list(gym.registry.keys())
+        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
         fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
@@ -176,6 +207,14 @@ def can_render(env_id: str) -> bool:
         f"envs, _ = a2c.make_env({env_id!r}, 1, 0, False, False, render=True); envs.reset(); envs.render()"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+
+
+def game_end_and_score(reward, term, trunc, info, is_atari: bool):
+    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
+    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
+    if is_atari:
+        return info["terminated"].astype(bool) | trunc, info["reward"]
+    return term | trunc, reward
 
 
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
@@ -427,46 +466,32 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checkpoints and evaluation
+# Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write to a temporary file, then rename: a kill during the write never leaves a broken checkpoint."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
+    """One conversion per step: frames stay uint8 (the network scales them); vectors become float32, normalised with
+    running statistics when --norm-obs is on."""
+    x = torch.as_tensor(obs, device=device)
+    if x.dtype == torch.uint8:
+        return x
+    x = x.float()
+    if obs_rms is not None:
+        obs_rms.update(x)
+        x = normalize_obs(x, obs_rms)
+    return x
 
 
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    if not os.path.isfile(path):
-        fail(f"checkpoint '{path}' does not exist; pass the checkpoint.pt or a2c.model of an earlier run")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        fail(f"checkpoint '{path}' cannot be read ({type(e).__name__}: {e}); it is not an a2c.py checkpoint")
-    if not isinstance(state, dict) or "model" not in state or "args" not in state:
-        fail(f"'{path}' is not an a2c.py checkpoint (it has no model and args)")
-    if env_id is not None and state["args"]["env_id"] != env_id:
-        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
-    return state
-
-
-def evaluate(
-    agent: Agent,
-    obs_rms: RunningMeanStd | None,
-    args: Args,
-    device: torch.device,
-    video_path: str | None = None,
-) -> np.ndarray:
+def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
     """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs.
 
     Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video_path is not None)
+    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video is not None)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames = []
     while not finished.all():
-        if video_path is not None and not finished[0]:
+        if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
             x = normalize_obs(torch.as_tensor(obs, device=device), obs_rms)
@@ -477,72 +502,38 @@ def evaluate(
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
     envs.close()
-    if video_path is not None and frames:
-        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
-
-        os.makedirs(os.path.dirname(video_path), exist_ok=True)
-        imageio.mimsave(video_path, frames, fps=30, macro_block_size=1)
+    write_video(video, frames)
     return returns
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command line and training loop
-# ---------------------------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> Args:
-    """tyro CLI whose defaults are the chosen preset's, so that --help shows the values a run will use."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--env-id", "--env_id", dest="env_id", default=Args.env_id)
-    pre.add_argument("--preset", default=Args.preset)
-    known, _ = pre.parse_known_args(argv)
-    preset = known.preset
-    if preset == "auto":
-        obs_space, action_space = env_spaces(known.env_id)
-        image = len(obs_space.shape or ()) == 3
-        preset = "atari" if image else "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
-    defaults = Args(env_id=known.env_id, **PRESETS.get(preset, {}))
-    return tyro.cli(Args, default=defaults, args=argv, description=__doc__)
-
-
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         fail(f"a2c.py handles Discrete and Box action spaces; {args.env_id} has {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail(f"a2c.py needs a vector or a (C, H, W) image observation; {args.env_id} has {obs_space}")
-    if args.num_envs < 1 or args.num_steps < 1 or args.log_interval < 1:
-        fail("--num-envs, --num-steps and --log-interval must be at least 1")
-    if args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps)")
-    if args.eval_episodes < 1:
-        fail("--eval-episodes must be at least 1")
-
-
-def main(args: Args) -> None:
-    # --- set-up ---
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, args.env_id)
-        computed = ("resume", "batch_size", "num_iterations")
-        differ = [k for k, v in ckpt["args"].items() if k not in computed and getattr(args, k) != v]
-        if differ:
-            print(f"resuming with the checkpoint's arguments, which differ from this command line in: {', '.join(differ)}")
-        args = Args(**{**ckpt["args"], "resume": args.resume})
+    if args.norm_obs and obs_space.dtype == np.uint8:
+        # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead
+        fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
     args.batch_size = args.num_envs * args.num_steps
-    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
-    obs_space, action_space = env_spaces(args.env_id)
-    check_args(args, obs_space, action_space)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.capture_video and not can_render(args.env_id):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
-    safe_id = args.env_id.replace("/", "-").replace(":", "-")
-    run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: every check before the run directory is made ---
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
+    device = seed_and_device(args)
 
     agent = Agent(obs_space, action_space).to(device)
     optimizer = make_optimizer(agent.parameters(), args)
@@ -552,75 +543,31 @@ def main(args: Args) -> None:
     if ckpt:
         agent.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        if obs_rms is not None:
-            obs_rms.load_state_dict(ckpt["obs_rms"])
-        if return_rms is not None:
-            return_rms.load_state_dict(ckpt["return_rms"])
+        for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
+            if rms is not None:
+                rms.load_state_dict(ckpt[key])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        restore_rng(ckpt["rng"], device)
         print(f"resumed {run_dir} at step {global_step:,}")
-
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
-    if not ckpt:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    progress = Progress(args, global_step, args.total_timesteps)
+    stop = stop_requests()
 
     # envs are not restored by a resume, so its envs take a fresh seed
     envs, is_atari = make_env(args.env_id, args.num_envs, args.seed + global_step, args.episodic_life, args.reward_clip)
     continuous = isinstance(action_space, gym.spaces.Box)
-    low, high = (action_space.low, action_space.high) if continuous else (None, None)
-
-    def checkpoint_state(iteration: int) -> dict:
-        rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
-        rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        return dict(
-            args=dataclasses.asdict(args),
-            run_name=run_name,
-            model=agent.state_dict(),
-            optimizer=optimizer.state_dict(),
-            obs_rms=obs_rms.state_dict() if obs_rms else None,
-            return_rms=return_rms.state_dict() if return_rms else None,
-            global_step=global_step,
-            iteration=iteration,
-            rng=rng,
-        )
-
-    # Ctrl-C and SIGTERM finish the current iteration, write a checkpoint and exit; a second one kills at once
-    stop = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
 
     # rollout storage, preallocated on the device; frames stay uint8
     T, N = args.num_steps, args.num_envs
-    obs_dtype = torch.uint8 if len(obs_space.shape) == 3 else torch.float32
-    obs = torch.zeros((T, N) + obs_space.shape, dtype=obs_dtype, device=device)
+    obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32)
+    obs = obs.to(device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
     rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(5))
 
-    def obs_to_tensor(o: np.ndarray) -> torch.Tensor:
-        x = torch.as_tensor(o, device=device)
-        x = x if obs_dtype == torch.uint8 else x.float()
-        if obs_rms is not None:
-            obs_rms.update(x)
-            x = normalize_obs(x, obs_rms)
-        return x
-
-    next_obs = obs_to_tensor(envs.reset()[0])
+    next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    recent_returns: list[float] = []
-    start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
     stats, num_updates = torch.zeros(3, device=device), 0  # summed over the log interval, on the device
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -636,7 +583,7 @@ def main(args: Args) -> None:
             actions[step], values[step] = action, value
             env_action = action.cpu().numpy()
             if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
-                env_action = np.clip(env_action, low, high)
+                env_action = np.clip(env_action, action_space.low, action_space.high)
             next_obs_np, reward, term, trunc, info = envs.step(env_action)
             done = term | trunc
             step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
@@ -645,21 +592,15 @@ def main(args: Args) -> None:
                 rewards[step], discounted_return = scale_reward(
                     step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
                 )
-            next_obs = obs_to_tensor(next_obs_np)
-
-            # episode statistics on the raw score of the full game (envpool's info["reward"], info["terminated"])
-            raw_reward = info["reward"] if is_atari else reward
-            episode_end = (info["terminated"].astype(bool) | trunc) if is_atari else done
+            next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
+            episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-                ep_return, ep_length, raw_reward, next_valid, episode_end
+                ep_return, ep_length, score, next_valid, episode_end
             )
-            for r, length in zip(fin_returns, fin_lengths, strict=True):
-                writer.add_scalar("charts/episodic_return", r, global_step)
-                writer.add_scalar("charts/episodic_length", length, global_step)
-                recent_returns = (recent_returns + [float(r)])[-20:]
+            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
             next_valid = ~done
 
-        # --- advantages ---
+        # --- n-step returns (GAE with lambda 1 by default) ---
         with torch.no_grad():
             next_value = agent.get_value(next_obs)
             advantages, returns = compute_gae(
@@ -682,80 +623,309 @@ def main(args: Args) -> None:
         num_updates += 1
 
         # --- logging: one host sync per log interval, since 5-step rollouts make an iteration short ---
-        sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
-        if iteration % args.log_interval == 0 or iteration == args.num_iterations or stop:
-            pg_loss, v_loss, entropy_loss = (stats / num_updates).tolist()
+        last = iteration == args.num_iterations
+        if iteration % args.log_interval == 0 or last or stop:
+            names = ("policy_loss", "value_loss", "entropy")
+            for name, value in zip(names, (stats / num_updates).tolist(), strict=True):
+                writer.add_scalar(f"losses/{name}", value, global_step)
             stats, num_updates = torch.zeros(3, device=device), 0
+            ev = explained_variance(b_values, b_returns, b_valid).item()
+            writer.add_scalar("losses/explained_variance", ev, global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar(
-                "losses/explained_variance", explained_variance(b_values, b_returns, b_valid).item(), global_step
-            )
-            writer.add_scalar("charts/SPS", sps, global_step)
-        if time.time() - last_print > args.progress_interval or iteration == args.num_iterations:
-            last_print = time.time()
-            eta = (args.total_timesteps - global_step) / max(sps, 1)
-            mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            print(
-                f"step {global_step:,}/{args.total_timesteps:,} ({100 * global_step / args.total_timesteps:.0f}%)"
-                f" | SPS {sps:,} | return {mean_return} (last {len(recent_returns)} episodes)"
-                f" | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
-                flush=True,
-            )
+            progress.log(writer, global_step, global_step, force=last)
 
         # --- evaluation, checkpoint, stop requests ---
-        if args.eval_every and global_step // args.eval_every > (global_step - args.batch_size) // args.eval_every:
-            t0 = time.time()
-            video = os.path.join(run_dir, "videos", f"eval_{global_step}.mp4") if args.capture_video else None
-            eval_returns = evaluate(agent, obs_rms, args, device, video)
-            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-            print(f"eval at step {global_step:,}: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
-            eval_seconds += time.time() - t0
-        checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-        periodic = (
-            args.checkpoint_every
-            and global_step // args.checkpoint_every > (global_step - args.batch_size) // args.checkpoint_every
-        )
-        if periodic or stop:
-            save_checkpoint(checkpoint_path, checkpoint_state(iteration))
+        if crossed(global_step, args.batch_size, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(agent, obs_rms, args, device, video_path(args, run_dir, global_step)), global_step)
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
+            save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                model=agent.state_dict(), optimizer=optimizer.state_dict(),
+                obs_rms=obs_rms.state_dict() if obs_rms else None, return_rms=return_rms.state_dict() if return_rms else None,
+                global_step=global_step, iteration=iteration, rng=rng_state(device),
+            )  # fmt: skip
         if stop:
-            writer.close()
-            envs.close()
-            resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {checkpoint_path}"
-            print(f"stopped at step {global_step:,}; resume with: {resume}")
-            sys.exit(128 + stop[0])
-
-    envs.close()
-    writer.flush()
+            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
 
     # --- final model: saved, reloaded from disk, evaluated with frozen statistics ---
+    envs.close()
     if args.save_model:
         model_path = os.path.join(run_dir, "a2c.model")
         save_checkpoint(
-            model_path,
-            dict(
-                args=dataclasses.asdict(args),
-                run_name=run_name,
-                model=agent.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None,
-            ),
+            model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
         )
-        state = load_checkpoint(model_path, args.env_id)
+        state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_agent = Agent(obs_space, action_space).to(device)
         eval_agent.load_state_dict(state["model"])
         eval_rms = None
         if state["obs_rms"] is not None:
             eval_rms = RunningMeanStd(obs_space.shape, device)
             eval_rms.load_state_dict(state["obs_rms"])
-        video = os.path.join(run_dir, "videos", "final.mp4") if args.capture_video else None
-        eval_returns = evaluate(eval_agent, eval_rms, args, device, video)
-        for r in eval_returns:  # all at the final step, one point per episode
-            writer.add_scalar("eval/episodic_return", r, global_step)
-        mean, std = np.mean(eval_returns), np.std(eval_returns)
-        print(f"evaluation of {model_path}: mean return {mean:.1f} +- {std:.1f} over {len(eval_returns)} episodes")
-        print(f"model: {model_path}")
+        log_final_eval(
+            writer, evaluate(eval_agent, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path
+        )
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     writer.close()
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 

@@ -15,6 +15,7 @@ from conftest import (
     seeded_runs,
     stop_run,
     values,
+    write_foreign_checkpoint,
 )
 
 a2c = load_algorithm("a2c")
@@ -241,19 +242,29 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     "flags, message",
     [
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
-        (["--num-envs", "0"], r"--num-envs, --num-steps and --log-interval must be at least 1"),
+        (["--num-envs", "0"], r"--num-envs 0 is out of range; pass a value in \[1, inf\)"),
         (["--total-timesteps", "10"], r"less than one rollout \(40 steps\)"),
+        (["--num-envs", "4", "--num-steps", "50", "--total-timesteps", "199"], r"less than one rollout \(200 steps\)"),
+        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
+        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
+        (["--resume", "A2C_MODEL"], r"is a final model, which has no optimiser state"),
         (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
+        # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
+        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+    ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "CartPole-v1", "ppo.py")
+    a2c_model = tmp_path / "a2c.model"
+    torch.save({"script": "a2c.py", "kind": "model", "args": {"env_id": "CartPole-v1"}, "model": {}}, a2c_model)
+    flags = [{"PPO_CHECKPOINT": ppo_checkpoint, "A2C_MODEL": str(a2c_model)}.get(f, f) for f in flags]
     assert_one_error_line("a2c", run_bad_input("a2c", flags, tmp_path, "Acrobot-v1"), message)
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):
     total, batch, log_every = 40_000, 40, 10
-    # 1,000 progress lines overfill the pipe: the run cannot finish before the reader reaches step 2,000
+    # a progress line every log interval (400 steps): the reader signals at step 2,000, long before the run's 40,000
     flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--log-interval", str(log_every)]
     stop_run("a2c", *flags, cwd=tmp_path, at=2000)
     run = only_run(tmp_path)
