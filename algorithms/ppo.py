@@ -560,8 +560,8 @@ def main(args: Args) -> None:
 
     # rollout storage, preallocated on the device; frames stay uint8
     T, N = args.num_steps, args.num_envs
-    obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32)
-    obs = obs.to(device)
+    obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
+    obs = torch.zeros((T, N) + obs_space.shape, dtype=obs_dtype, device=device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
     logprobs, rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(6))
 

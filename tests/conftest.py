@@ -20,6 +20,7 @@ def load_algorithm(name: str):
     """Import algorithms/<name>.py as a module (the scripts are not a package, on purpose)."""
     spec = importlib.util.spec_from_file_location(f"algorithms_{name}", ROOT / "algorithms" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # tyro reads the Args docstrings through the module's source
     spec.loader.exec_module(module)
     return module
 

@@ -2,11 +2,13 @@
 
 import signal
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import (
     assert_one_error_line,
+    load_algorithm,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -15,6 +17,8 @@ from conftest import (
     stop_run,
     values,
 )
+
+ppo = load_algorithm("ppo")
 
 TAGS = {
     "charts/episodic_return",
@@ -68,6 +72,39 @@ def test_episodic_return_is_the_raw_atari_score(tmp_path):
     lengths = values(only_run(tmp_path), "charts/episodic_length")
     # full games of a near-random policy, not single lives: a life of random Breakout lasts under 100 steps
     assert len(lengths) > 0 and min(lengths) > 100
+
+
+def test_logged_return_is_the_sum_of_envpools_raw_rewards_over_the_whole_game(tmp_path, monkeypatch):
+    """SpaceInvaders scores 5-30 points an alien, so the clipped reward (1 an alien) and the raw score differ. The
+    envs main trains on are watched: each game's sum of info["reward"] up to info["terminated"] (game over, not a
+    lost life) must be what charts/episodic_return logged, game by game."""
+    games, running = [], np.zeros(4)
+
+    def watched_make_env(*args, **kwargs):
+        envs, is_atari = make_env(*args, **kwargs)
+        step = envs.step
+
+        def watched_step(action):
+            nonlocal running
+            out = step(action)
+            _, _, _, trunc, info = out
+            running += info["reward"]
+            for i in np.flatnonzero(info["terminated"].astype(bool) | trunc):
+                games.append(float(running[i]))
+                running[i] = 0.0
+            return out
+
+        envs.step = watched_step
+        return envs, is_atari
+
+    make_env = ppo.make_env
+    monkeypatch.setattr(ppo, "make_env", watched_make_env)
+    monkeypatch.chdir(tmp_path)
+    flags = "--env-id SpaceInvaders-v5 --total-timesteps 3072 --num-envs 4 --num-steps 128 --update-epochs 1"
+    ppo.main(ppo.parse_args([*flags.split(), "--no-cuda", "--progress-interval", "1000"]))
+    logged = values(only_run(tmp_path), "charts/episodic_return")
+    # a game with a kill scores at least 5 raw points per alien against 1 clipped, so the two cannot agree
+    assert len(games) >= 1 and max(games) > 0 and logged == games
 
 
 def test_same_seed_same_run_on_cpu(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
-HEADING = "# ===============================================================================================================\n# Run plumbing"
+HEADING = "# " + "=" * 111 + "\n# Run plumbing"
 
 # Same name, different job: each file's own version, on purpose.
 DIFFERENT = {

@@ -1,0 +1,135 @@
+"""Bad input, the same way for every script: each numeric flag outside its range, tyro's own parse errors, a
+checkpoint that is not this script's, and a run directory that cannot be made. Each ends in one line
+`<script>.py: error: ...` and exit status 2, before anything is written. The cross-flag and space checks of each
+script are tabled in its own test file."""
+
+import dataclasses
+import math
+import re
+import subprocess
+import sys
+import typing
+
+import pytest
+import torch
+
+from conftest import ROOT, load_algorithm
+
+ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
+MODULES = {name: load_algorithm(name) for name in ALGORITHMS}
+
+
+def numeric_flags(module) -> dict[str, type]:
+    """The int and float flags of a script's Args (float | None included; the computed, suppressed fields not)."""
+    out = {}
+    for field in dataclasses.fields(module.Args):
+        kind = field.type
+        if typing.get_origin(kind) is typing.Annotated:
+            continue  # tyro.conf.Suppress: computed at start-up, not a flag
+        kinds = set(typing.get_args(kind)) - {type(None)} if typing.get_origin(kind) is not None else {kind}
+        if kinds and kinds <= {int, float} and bool not in kinds:
+            out[field.name] = float if float in kinds else int
+    return out
+
+
+def outside(interval: str, kind: type) -> list[str]:
+    """Values just outside each finite bound of an interval like '[1, inf)' or '(0, 1]', and NaN for floats."""
+    low, high = (float(b) for b in interval[1:-1].split(","))
+    step = 1 if kind is int else 0.5
+    values = []
+    if math.isfinite(low):
+        values.append(low if interval[0] == "(" else low - step)
+    if math.isfinite(high):
+        values.append(high if interval[-1] == ")" else high + step)
+    values = [int(v) if kind is int else v for v in values]
+    return [str(v) for v in values] + (["nan"] if kind is float else [])
+
+
+def parse_error(name: str, argv: list[str], capsys) -> str:
+    """Run the script's parse_args in this process; it must exit 2 with exactly one error line, returned."""
+    with pytest.raises(SystemExit) as exit_info:
+        MODULES[name].parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_every_numeric_flag_has_a_range(name):
+    module = MODULES[name]
+    assert set(numeric_flags(module)) == set(getattr(module, "RANGES", {})), "flags without a range, or ranges of no flag"
+
+
+CASES = [
+    (name, flag, value)
+    for name in ALGORITHMS
+    for flag, kind in numeric_flags(MODULES[name]).items()
+    if flag in getattr(MODULES[name], "RANGES", {})  # a flag without a range fails the test above
+    for value in outside(MODULES[name].RANGES[flag], kind)
+]
+
+
+@pytest.mark.parametrize("name, flag, value", CASES, ids=[f"{n}-{f}={v}" for n, f, v in CASES])
+def test_a_value_out_of_range_gets_one_line(name, flag, value, capsys):
+    option = f"--{flag.replace('_', '-')}"
+    line = parse_error(name, [option, value], capsys)
+    assert f"{option} " in line and "out of range; pass a value in" in line
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--no-such-flag", "1"], r"Unrecognized options: --no-such-flag"),
+        (["--seed", "one"], r"Error parsing --seed"),
+        (["--seed"], r"Missing value for argument '--seed'"),
+        (["--exp-name", "a/b"], r"--exp-name 'a/b' must be a plain name"),
+    ],
+)
+def test_tyro_errors_and_names_read_as_one_line(name, argv, message, capsys):
+    line = parse_error(name, argv, capsys)
+    assert re.search(message, line), line
+    assert line.endswith(f"see {name}.py --help") or "--exp-name" in argv
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path, capsys):
+    env_id = MODULES[name].parse_args([]).env_id
+    other = "dqn.py" if name != "dqn" else "ppo.py"
+    files = {
+        "missing.pt": None,
+        "garbage.pt": b"not a checkpoint",
+        "foreign.pt": dict(script=other, kind="checkpoint", args=dict(env_id=env_id)),
+        "legacy.pt": dict(args=dict(env_id=env_id), model={}),  # written before checkpoints named their script
+        f"{name}.model": dict(script=f"{name}.py", kind="model", args=dict(env_id=env_id)),
+        "other_env.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id="Foo-v0")),
+    }
+    expected = {
+        "missing.pt": r"does not exist; pass the runs/<run>/checkpoint.pt",
+        "garbage.pt": r"cannot be read as a checkpoint",
+        "foreign.pt": rf"is a {other} checkpoint; pass .* or run {other}",
+        "legacy.pt": r"is not a checkpoint of this project's scripts",
+        f"{name}.model": r"is a final model, which has no optimiser state",
+        "other_env.pt": rf"is for Foo-v0, not {env_id}; pass --env-id Foo-v0",
+    }
+    for file, content in files.items():
+        path = tmp_path / file
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            torch.save(content, path)
+        line = parse_error(name, ["--resume", str(path)], capsys)
+        assert re.search(expected[file], line), (file, line)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_a_run_directory_that_cannot_be_made_gets_one_line(name, tmp_path):
+    (tmp_path / "runs").write_text("a file where the runs directory would go")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "algorithms" / f"{name}.py")], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(f"{name}.py: error: cannot write the run directory runs/"), proc.stderr
