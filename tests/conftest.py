@@ -25,7 +25,12 @@ def load_algorithm(name: str):
     return module
 
 
-def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = 300, check: bool = True, env=None):
+# Subprocess limits: about 30x what a smoke run takes on the 2-core development machine, so that a CI machine three
+# times slower and loaded does not time out (learning checks pass their own, measured the same way).
+SMOKE_TIMEOUT = 900
+
+
+def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEOUT, check: bool = True, env=None):
     """Run algorithms/<name>.py in cwd (its runs/ lands there) and return the CompletedProcess."""
     cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -44,7 +49,7 @@ def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTER
         if (m := re.match(rf"{unit} ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= at:
             proc.send_signal(sig)
             break
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=SMOKE_TIMEOUT)
     assert proc.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), out[-3000:]
     return out
 

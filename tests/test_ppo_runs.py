@@ -117,7 +117,9 @@ def test_same_seed_same_run_on_cpu(tmp_path):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
+        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1, CartPole-v0, "),
+        (["--env-id", "nosuchmodule:Env-v0"], r"names module 'nosuchmodule', which cannot be imported"),
+        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations, and Breakout-v5 has uint8"),
         (["--num-minibatches", "3"], r"512 does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
