@@ -128,7 +128,7 @@ def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path, cap
 def test_a_run_directory_that_cannot_be_made_gets_one_line(name, tmp_path):
     (tmp_path / "runs").write_text("a file where the runs directory would go")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "algorithms" / f"{name}.py")], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [sys.executable, str(ROOT / "algorithms" / f"{name}.py")], cwd=tmp_path, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
