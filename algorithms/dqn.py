@@ -1,8 +1,9 @@
 """DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016); benchmark: `bash benchmark/dqn.sh`."""
 
-import argparse
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 import random
 import signal
@@ -59,8 +60,9 @@ class Args:
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     save_buffer: bool = False
-    """put the replay buffer in checkpoint.pt (about 7 GB for the Atari preset); a resume without it refills the
-    buffer for --learning-starts steps before updating again and has lost the experience gathered so far"""
+    """put the replay buffer in checkpoint.pt (about 7 GB for the Atari preset); without it, the experience gathered so
+    far is lost and a resumed run refills the buffer for --learning-starts steps before training again (a gap of that
+    many steps in its loss curve)"""
     resume: str = ""
     """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
@@ -108,6 +110,32 @@ class Args:
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
 
 
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    eval_epsilon="[0, 1]",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    log_every="[1, inf)",
+    total_timesteps="[1, inf)",
+    learning_rate="(0, inf)",
+    num_envs="[1, inf)",
+    buffer_size="[1, inf)",
+    gamma="[0, 1]",
+    tau="(0, 1]",
+    target_network_frequency="[1, inf)",
+    batch_size="[1, inf)",
+    start_e="[0, 1]",
+    end_e="[0, 1]",
+    exploration_fraction="(0, 1]",
+    learning_starts="[0, inf)",
+    train_frequency="[1, inf)",
+    max_grad_norm="[0, inf)",
+)
+
+
 # The settings of CleanRL's dqn.py and dqn_atari.py, whose published results benchmark/dqn.sh reproduces.
 # A preset only changes defaults: any flag given on the command line wins.
 PRESETS = {
@@ -126,9 +154,13 @@ PRESETS = {
 }
 
 
-def fail(message: str):
-    """Bad input ends with one line on stderr and exit status 1, never a traceback."""
-    raise SystemExit(f"dqn.py: error: {message}")
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults of the preset the command line asks for; auto picks atari for image observations."""
+    env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
+    if preset == "auto":
+        obs_space, _ = env_spaces(env_id)
+        preset = "atari" if len(obs_space.shape or ()) == 3 else "classic"
+    return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,11 +173,15 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         return spec.observation_space, spec.action_space
     try:
         env = gym.make(env_id)
+    except ModuleNotFoundError:
+        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = envpool.list_all_envs() + list(gym.registry.keys())
+        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
         fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
@@ -201,6 +237,14 @@ def can_render(env_id: str, backend: str) -> bool:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
 
 
+def game_end_and_score(reward, term, trunc, info, is_atari: bool):
+    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
+    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
+    if is_atari:
+        return info["terminated"].astype(bool) | trunc, info["reward"]
+    return term | trunc, reward
+
+
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     """Running return and length per env; returns the new running values and the finished episodes' ones.
 
@@ -236,7 +280,7 @@ class ReplayBuffer:
     not sampled, since their stacks reach into overwritten slots.
     """
 
-    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple, obs_dtype, stack: int, seed: int):
+    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple, obs_dtype, stack: int, rng):
         self.capacity, self.num_envs, self.stack, self.obs_shape = capacity, num_envs, stack, tuple(obs_shape)
         frame_shape = self.obs_shape[1:] if stack > 1 else self.obs_shape
         self.frames = np.zeros((capacity, num_envs) + frame_shape, dtype=obs_dtype)
@@ -246,7 +290,7 @@ class ReplayBuffer:
         self.valid = np.zeros((capacity, num_envs), dtype=bool)
         self.first = np.zeros((capacity, num_envs), dtype=bool)
         self.pos, self.size = -1, 0  # pos: slot of the newest observation
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(rng)  # a seed, or a generator used as it is
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first))
@@ -332,13 +376,9 @@ class ReplayBuffer:
 # ---------------------------------------------------------------------------------------------------------------
 # Networks
 # ---------------------------------------------------------------------------------------------------------------
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
+# No orthogonal layer_init here: CleanRL's dqn.py and dqn_atari.py keep PyTorch's default nn.Linear / nn.Conv2d
+# initialisation (kaiming-uniform weights, biases uniform in +-1/sqrt(fan_in)), and theirs are the results the
+# presets reproduce (ddpg_td3.py does the same for TD3).
 class QNetwork(nn.Module):
     """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP (CleanRL
     dqn.py) for vector observations."""
@@ -348,27 +388,27 @@ class QNetwork(nn.Module):
         obs_shape, n_actions = obs_space.shape, int(action_space.n)
         if len(obs_shape) == 3:
             encoder = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4),
                 nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.Conv2d(32, 64, 4, stride=2),
                 nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.Conv2d(64, 64, 3, stride=1),
                 nn.ReLU(),
                 nn.Flatten(),
             )
             with torch.no_grad():
                 n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
-            self.network = nn.Sequential(*encoder, layer_init(nn.Linear(n_flat, 512)), nn.ReLU())
-            self.network.append(layer_init(nn.Linear(512, n_actions), std=1.0))
+            self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU())
+            self.network.append(nn.Linear(512, n_actions))
             self.scale = 1.0 / 255.0
         else:
             # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
             self.network = nn.Sequential(
-                layer_init(nn.Linear(obs_shape[0], 120)),
+                nn.Linear(obs_shape[0], 120),
                 nn.ReLU(),
-                layer_init(nn.Linear(120, 84)),
+                nn.Linear(120, 84),
                 nn.ReLU(),
-                layer_init(nn.Linear(84, n_actions), std=1.0),
+                nn.Linear(84, n_actions),
             )
             self.scale = 1.0
 
@@ -420,6 +460,13 @@ def soft_update(target_network: nn.Module, q_network: nn.Module, tau: float) -> 
                 t.copy_(q)
 
 
+def exploration_and_replay_rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """Generators for the epsilon-greedy coins and random actions, and for the replay buffer's samples: independent
+    streams spawned from one seed, not two generators seeded alike that would draw the same numbers."""
+    explore_seed, buffer_seed = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(explore_seed), np.random.default_rng(buffer_seed)
+
+
 def select_actions(q_network: nn.Module, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
     """Epsilon-greedy per env; the network runs only when some env acts greedily, and random actions are drawn only
     for the envs that explore."""
@@ -434,200 +481,119 @@ def select_actions(q_network: nn.Module, obs: torch.Tensor, epsilon: float, n_ac
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checkpoints and evaluation
+# Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write to a temporary file, then rename: a kill during the write never leaves a broken checkpoint."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    if not os.path.isfile(path):
-        fail(f"checkpoint '{path}' does not exist; pass the checkpoint.pt or dqn.model of an earlier run")
-    try:
-        # mmap: a saved replay buffer (gigabytes) is paged in while it is copied, not read into memory first
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:
-        fail(f"checkpoint '{path}' cannot be read ({type(e).__name__}: {e}); it is not a dqn.py checkpoint")
-    if not isinstance(state, dict) or "model" not in state or "args" not in state:
-        fail(f"'{path}' is not a dqn.py checkpoint (it has no model and args)")
-    if env_id is not None and state["args"]["env_id"] != env_id:
-        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
-    return state
-
-
-def evaluate(q_network: QNetwork, args: Args, device: torch.device, video_path: str | None = None) -> np.ndarray:
+def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
     """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs,
     epsilon-greedy with args.eval_epsilon. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    render = video_path is not None
-    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, render)
+    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, video is not None)
     rng = np.random.default_rng(args.seed + 100_000)  # its own generator: evaluating does not change training
     n_actions = int(envs.single_action_space.n)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames = []
     while not finished.all():
-        if video_path is not None and not finished[0]:
+        if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         action = select_actions(q_network, torch.as_tensor(obs, device=device), args.eval_epsilon, n_actions, rng)
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
     envs.close()
-    if video_path is not None and frames:
-        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
-
-        os.makedirs(os.path.dirname(video_path), exist_ok=True)
-        imageio.mimsave(video_path, frames, fps=30, macro_block_size=1)
+    write_video(video, frames)
     return returns
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command line and training loop
-# ---------------------------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> Args:
-    """tyro CLI whose defaults are the chosen preset's, so that --help shows the values a run will use."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--env-id", "--env_id", dest="env_id", default=Args.env_id)
-    pre.add_argument("--preset", default=Args.preset)
-    known, _ = pre.parse_known_args(argv)
-    preset = known.preset
-    if preset == "auto":
-        obs_space, _ = env_spaces(known.env_id)
-        preset = "atari" if len(obs_space.shape or ()) == 3 else "classic"
-    defaults = Args(env_id=known.env_id, **PRESETS.get(preset, {}))
-    return tyro.cli(Args, default=defaults, args=argv, description=__doc__)
-
-
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if isinstance(action_space, gym.spaces.Box):
-        fail(f"dqn.py needs Discrete actions; {args.env_id} has {action_space}: use ddpg_td3.py for continuous actions")
+        fail(f"dqn.py needs Discrete actions, and {args.env_id} has {action_space}; use ddpg_td3.py for continuous actions")
     if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"dqn.py handles Discrete action spaces; {args.env_id} has {action_space}")
+        fail(f"dqn.py handles Discrete action spaces, and {args.env_id} has {action_space}; pick an env with Discrete actions")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail(f"dqn.py needs a vector or a (C, H, W) image observation; {args.env_id} has {obs_space}")
-    if args.num_envs < 1 or args.batch_size < 1 or args.train_frequency < 1 or args.target_network_frequency < 1:
-        fail("--num-envs, --batch-size, --train-frequency and --target-network-frequency must be at least 1")
-    if args.buffer_size // args.num_envs < 8:
-        fail(f"--buffer-size {args.buffer_size} gives under 8 slots to each of --num-envs {args.num_envs} envs")
-    if args.learning_starts < args.batch_size:
-        fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}")
+        hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
+        fail(f"dqn.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
+    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     if args.total_timesteps < args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs")
-    if not 0.0 < args.tau <= 1.0 or not 0.0 < args.exploration_fraction <= 1.0:
-        fail("--tau and --exploration-fraction must lie in (0, 1]")
-    if args.eval_episodes < 1:
-        fail("--eval-episodes must be at least 1")
-    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here, before a run directory is made
-
-
-def main(args: Args) -> None:
-    # --- set-up ---
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, args.env_id)
-        ignored = [k for k, v in ckpt["args"].items() if k != "resume" and getattr(args, k) != v and k in Args.__annotations__]
-        if ignored and any(getattr(args, k) != getattr(Args(), k) for k in ignored):
-            print(f"resuming with the checkpoint's arguments; ignoring --{', --'.join(k.replace('_', '-') for k in ignored)}")
-        args = Args(**{**ckpt["args"], "resume": args.resume})
-    obs_space, action_space = env_spaces(args.env_id)
-    check_args(args, obs_space, action_space)
+        fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
+    if args.buffer_size // args.num_envs < 8:
+        fail(f"--buffer-size {args.buffer_size} gives under 8 slots to each of --num-envs {args.num_envs} envs; raise it")
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size}; raise --buffer-size")
+    if args.learning_starts < args.batch_size:
+        fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}; raise it")
+    if args.total_timesteps // args.train_frequency <= args.learning_starts // args.train_frequency:
+        fail(
+            f"--learning-starts {args.learning_starts} leaves no gradient step in --total-timesteps "
+            f"{args.total_timesteps} (one every --train-frequency {args.train_frequency}); lower it or raise the total"
+        )
+    if args.start_e < args.end_e:
+        fail(f"--start-e {args.start_e} is below --end-e {args.end_e}, so epsilon would never decay; swap them")
     if args.capture_video and not can_render(args.env_id, args.env_backend):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
-    safe_id = args.env_id.replace("/", "-").replace(":", "-")
-    run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    global_step = ckpt["global_step"] if ckpt else 0
-    n_actions, N = int(action_space.n), args.num_envs
-    envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: every check before the run directory is made ---
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
+    device = seed_and_device(args)
 
     q_network = QNetwork(obs_space, action_space).to(device)
     target_network = QNetwork(obs_space, action_space).to(device)
     target_network.load_state_dict(q_network.state_dict())
     # fused: one kernel for all parameters, a third faster than the per-tensor loop on small networks
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-    explore_rng = np.random.default_rng(args.seed)  # epsilon-greedy coins and random actions
-    # envpool Atari frames are stored once and restacked; other observations are stored whole
-    stack = obs_space.shape[0] if is_atari else 1
-    obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
-    rb = ReplayBuffer(args.buffer_size // N, N, obs_space.shape, obs_dtype, stack, args.seed)
-    train_from = args.learning_starts
+    explore_rng, buffer_rng = exploration_and_replay_rngs(args.seed)
+    global_step = 0
     if ckpt:
         q_network.load_state_dict(ckpt["model"])
         target_network.load_state_dict(ckpt["target_model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        global_step = ckpt["global_step"]
+        restore_rng(ckpt["rng"], device)
         explore_rng.bit_generator.state = ckpt["rng"]["explore"]
+    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    progress = Progress(args, global_step, args.total_timesteps)
+    stop = stop_requests()
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    N, n_actions = args.num_envs, int(action_space.n)
+    envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
+
+    # replay buffer: envpool Atari frames are stored once and restacked, other observations whole
+    stack = obs_space.shape[0] if is_atari else 1
+    obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
+    rb = ReplayBuffer(args.buffer_size // N, N, obs_space.shape, obs_dtype, stack, buffer_rng)
+    train_from = args.learning_starts
+    if ckpt:
         rb.rng.bit_generator.state = ckpt["rng"]["buffer"]
-        saved_buffer = ckpt.pop("replay_buffer", None)
+        saved_buffer = ckpt.pop("replay_buffer")
         if saved_buffer is not None:
             rb.load_state_dict(saved_buffer)
         else:  # the experience is lost: gather learning_starts steps again before the next gradient step
             train_from = max(train_from, global_step + args.learning_starts)
-        print(f"resumed {run_dir} at step {global_step:,}" + ("" if rb.size else " (replay buffer not saved: refilling it)"))
-
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
-    if not ckpt:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
-    def checkpoint_state(with_buffer: bool) -> dict:
-        rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
-        rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        rng.update(explore=explore_rng.bit_generator.state, buffer=rb.rng.bit_generator.state)
-        return dict(
-            args=dataclasses.asdict(args),
-            run_name=run_name,
-            model=q_network.state_dict(),
-            target_model=target_network.state_dict(),
-            optimizer=optimizer.state_dict(),
-            replay_buffer=rb.state_dict() if with_buffer else None,
-            global_step=global_step,
-            rng=rng,
-        )
-
-    # Ctrl-C and SIGTERM finish the current step, write a checkpoint and exit; a second one kills at once
-    stop = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+        refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps)" if saved_buffer is None else ""
+        print(f"resumed {run_dir} at step {global_step:,}{refill}")
 
     obs_np = envs.reset()[0]
     rb.start(obs_np)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    recent_returns: list[float] = []
     losses, q_means = [], []  # per-update losses and Q means, averaged when logged
-    start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
     env_seconds, update_seconds = 0.0, 0.0
     duration = args.exploration_fraction * args.total_timesteps
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
     while global_step < args.total_timesteps:
-        # --- acting ---
+        # --- acting: epsilon-greedy, one step of every env into the replay buffer ---
         global_step += N
         epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
         actions = select_actions(q_network, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
@@ -637,21 +603,14 @@ def main(args: Args) -> None:
         # next_obs is the real final observation after a truncation (the reset comes on the next step)
         rb.add(actions, reward, term, next_valid, next_obs_np, next_first)
         obs_np = next_obs_np
-
-        # episode statistics on the raw score of the full game (envpool's info["reward"], info["terminated"])
-        done = term | trunc
-        raw_reward = info["reward"] if is_atari else reward
-        game_over = (info["terminated"].astype(bool) | trunc) if is_atari else done
+        episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
         ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-            ep_return, ep_length, raw_reward, next_valid, game_over
+            ep_return, ep_length, score, next_valid, episode_end
         )
-        for r, length in zip(fin_returns, fin_lengths, strict=True):
-            writer.add_scalar("charts/episodic_return", r, global_step)
-            writer.add_scalar("charts/episodic_length", length, global_step)
-            recent_returns = (recent_returns + [float(r)])[-20:]
-        next_valid, next_first = ~done, game_over
+        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        next_valid, next_first = ~(term | trunc), episode_end
 
-        # --- update ---
+        # --- targets and update: one gradient step per train_frequency env steps, then the target network ---
         if global_step > train_from:
             t0 = time.perf_counter()
             for _ in range(global_step // args.train_frequency - (global_step - N) // args.train_frequency):
@@ -668,52 +627,42 @@ def main(args: Args) -> None:
                 # kept as a list and stacked once per log interval: no stack and add per update
                 losses.append(loss.detach())
                 q_means.append(q_mean.detach())
-            if global_step // args.target_network_frequency > (global_step - N) // args.target_network_frequency:
+            if crossed(global_step, N, args.target_network_frequency):
                 soft_update(target_network, q_network, args.tau)
             update_seconds += time.perf_counter() - t0
 
         # --- logging: one host sync per log interval ---
-        if global_step // args.log_every > (global_step - N) // args.log_every or global_step >= args.total_timesteps:
+        last = global_step >= args.total_timesteps
+        if crossed(global_step, N, args.log_every) or last:
             if losses:
                 td_loss, q_values = torch.stack([torch.stack(losses), torch.stack(q_means)]).mean(1).tolist()
                 writer.add_scalar("losses/td_loss", td_loss, global_step)
                 writer.add_scalar("losses/q_values", q_values, global_step)
                 losses, q_means = [], []
             writer.add_scalar("charts/epsilon", epsilon, global_step)
-            sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            if time.time() - last_print > args.progress_interval or global_step >= args.total_timesteps:
-                last_print = time.time()
-                eta = (args.total_timesteps - global_step) / max(sps, 1)
-                mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                print(
-                    f"step {global_step:,}/{args.total_timesteps:,} ({100 * global_step / args.total_timesteps:.0f}%)"
-                    f" | SPS {sps:,} | return {mean_return} (last {len(recent_returns)} episodes)"
-                    f" | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
-                    flush=True,
-                )
+            progress.log(writer, global_step, global_step, force=last)
 
         # --- evaluation, checkpoint, stop requests ---
-        if args.eval_every and global_step // args.eval_every > (global_step - N) // args.eval_every:
-            t0 = time.time()
-            video = os.path.join(run_dir, "videos", f"eval_{global_step}.mp4") if args.capture_video else None
-            eval_returns = evaluate(q_network, args, device, video)
-            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-            print(f"eval at step {global_step:,}: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
-            eval_seconds += time.time() - t0
-        periodic = args.checkpoint_every and global_step // args.checkpoint_every > (global_step - N) // args.checkpoint_every
-        if periodic or stop:
-            save_checkpoint(checkpoint_path, checkpoint_state(args.save_buffer))
+        if crossed(global_step, N, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(q_network, args, device, video_path(args, run_dir, global_step)), global_step)
+        if crossed(global_step, N, args.checkpoint_every) or stop:
+            save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict(),
+                replay_buffer=rb.state_dict() if args.save_buffer else None, global_step=global_step,
+                rng={**rng_state(device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state},
+            )  # fmt: skip
         if stop:
-            writer.close()
-            envs.close()
-            resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {checkpoint_path}"
-            print(f"stopped at step {global_step:,}; resume with: {resume}")
-            sys.exit(128 + stop[0])
+            if not args.save_buffer:
+                print(
+                    f"the replay buffer is not in the checkpoint (no --save-buffer): the resumed run refills it for "
+                    f"--learning-starts {args.learning_starts:,} steps before training again"
+                )
+            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
 
     envs.close()
-    writer.flush()
-    train_seconds = max(time.time() - start_time - eval_seconds, 1e-9)
+    train_seconds = max(time.time() - progress.start_time - progress.paused_seconds, 1e-9)
     print(
         f"time: env steps {100 * env_seconds / train_seconds:.0f}%, updates {100 * update_seconds / train_seconds:.0f}%,"
         f" acting and replay writes {100 * (1 - (env_seconds + update_seconds) / train_seconds):.0f}%"
@@ -722,17 +671,272 @@ def main(args: Args) -> None:
     # --- final model: saved, reloaded from disk, evaluated ---
     if args.save_model:
         model_path = os.path.join(run_dir, "dqn.model")
-        save_checkpoint(model_path, dict(args=dataclasses.asdict(args), run_name=run_name, model=q_network.state_dict()))
-        state = load_checkpoint(model_path, args.env_id)
+        save_checkpoint(model_path, "model", args, run_dir, model=q_network.state_dict())
+        state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_network = QNetwork(obs_space, action_space).to(device)
         eval_network.load_state_dict(state["model"])
-        video = os.path.join(run_dir, "videos", "final.mp4") if args.capture_video else None
-        eval_returns = evaluate(eval_network, args, device, video)
-        for r in eval_returns:  # all at the final step, one point per episode
-            writer.add_scalar("eval/episodic_return", r, global_step)
-        mean, std = np.mean(eval_returns), np.std(eval_returns)
-        print(f"evaluation of {model_path}: mean return {mean:.1f} +- {std:.1f} over {len(eval_returns)} episodes")
-        print(f"model: {model_path}")
+        log_final_eval(writer, evaluate(eval_network, args, device, video_path(args, run_dir)), global_step, model_path)
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     writer.close()
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 

@@ -71,6 +71,36 @@ def test_linear_schedule_and_target_updates():
     torch.testing.assert_close(target.weight, online.weight)
 
 
+@pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
+def test_qnetwork_keeps_pytorch_default_init_as_cleanrl(obs_shape):
+    """CleanRL's dqn.py and dqn_atari.py build their layers plainly: with the same torch seed, QNetwork's weights
+    are those of the same layers made with nn.Linear / nn.Conv2d (no orthogonal init)."""
+    image = len(obs_shape) == 3
+    obs_space = gym.spaces.Box(0, 255 if image else 1, obs_shape, np.uint8 if image else np.float32)
+    torch.manual_seed(3)
+    q_network = dqn.QNetwork(obs_space, gym.spaces.Discrete(6))
+    torch.manual_seed(3)
+    if image:
+        convs = [torch.nn.Conv2d(4, 32, 8, stride=4), torch.nn.Conv2d(32, 64, 4, stride=2), torch.nn.Conv2d(64, 64, 3)]
+        plain = [*convs, torch.nn.Linear(3136, 512), torch.nn.Linear(512, 6)]
+    else:
+        plain = [torch.nn.Linear(4, 120), torch.nn.Linear(120, 84), torch.nn.Linear(84, 6)]
+    expected = [p for layer in plain for p in layer.parameters()]
+    assert [p.shape for p in q_network.parameters()] == [p.shape for p in expected]
+    for got, want in zip(q_network.parameters(), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_exploration_and_the_replay_buffer_draw_from_independent_streams():
+    explore_rng, buffer_rng = dqn.exploration_and_replay_rngs(1)
+    draws = explore_rng.random(1000), buffer_rng.random(1000)
+    assert abs(np.corrcoef(*draws)[0, 1]) < 0.1  # two generators seeded alike would draw the very same numbers
+    assert not np.array_equal(draws[1], np.random.default_rng(1).random(1000))
+    again = dqn.exploration_and_replay_rngs(1)
+    assert [rng.random() for rng in again] == [rng.random() for rng in dqn.exploration_and_replay_rngs(1)]
+    assert again[0].random() != dqn.exploration_and_replay_rngs(2)[0].random()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The replay buffer
 # ---------------------------------------------------------------------------------------------------------------
@@ -221,6 +251,13 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     assert dqn.parse_args(["--env-id", "CartPole-v1", "--preset", "atari"]).learning_rate == 1e-4
 
 
+def test_help_says_a_resume_without_the_buffer_refills_it(capsys):
+    with pytest.raises(SystemExit):
+        dqn.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "a resumed run refills the buffer for --learning-starts steps before training again" in help_text
+
+
 def test_same_seed_same_run_on_cpu(tmp_path):
     tags = ("charts/episodic_return", "losses/td_loss", "losses/q_values")
     flags = ["--total-timesteps", "2500", *SMALL]
@@ -232,9 +269,16 @@ def test_same_seed_same_run_on_cpu(tmp_path):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--env-id", "Pendulum-v1"], r"needs Discrete actions; Pendulum-v1 has Box.*use ddpg_td3.py"),
+        (["--env-id", "Pendulum-v1"], r"needs Discrete actions, and Pendulum-v1 has Box.*; use ddpg_td3.py"),
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
         (["--learning-starts", "10"], r"--learning-starts 10 is less than --batch-size 128"),
+        (["--learning-starts", "600", "--total-timesteps", "500"], r"--learning-starts 600 leaves no gradient step"),
+        (["--learning-starts", "500", "--total-timesteps", "505"], r"--learning-starts 500 leaves no gradient step"),
+        (["--buffer-size", "100"], r"--buffer-size 100 is less than --batch-size 128; raise --buffer-size"),
+        (["--buffer-size", "20", "--num-envs", "4"], r"--buffer-size 20 gives under 8 slots to each of --num-envs 4"),
+        (["--total-timesteps", "3", "--num-envs", "4"], r"--total-timesteps 3 is less than one step of 4 envs"),
+        (["--start-e", "0.01", "--end-e", "0.5"], r"--start-e 0.01 is below --end-e 0.5"),
+        (["--env-id", "Taxi-v3"], r"image observation, and Taxi-v3 has Discrete\(500\); use qlearning.py"),
         (["--env-id", "Breakout-v5", "--env-backend", "gymnasium"], r"gymnasium has no env 'Breakout-v5'.*envpool"),
         (["--env-id", "corridor_env:Corridor-v0", "--env-backend", "envpool"], r"envpool has no env 'corridor_env:Corr"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
@@ -245,14 +289,19 @@ def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
     assert_one_error_line("dqn", run_bad_input("dqn", flags, tmp_path, "Acrobot-v1", env=test_env), message)
 
 
-@pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])
+@pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, False), (signal.SIGKILL, True)])
 def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, tmp_path):
-    """SIGTERM writes a checkpoint at once (here with the replay buffer); SIGKILL falls back to the last periodic
-    one and the resumed run purges the events logged after it, then refills the buffer it did not save."""
+    """SIGTERM writes a checkpoint at once (here without the replay buffer: the stop says that the resumed run will
+    refill it, and it does); SIGKILL falls back to the last periodic one (here with the buffer) and the resumed run
+    purges the events logged after it."""
     total, log_every = 8000, 500
     flags = ["--total-timesteps", str(total), "--progress-interval", "0"]
     flags += ["--checkpoint-every", "2000", *SMALL] + (["--save-buffer"] if save_buffer else [])
-    stop_run("dqn", *flags, cwd=tmp_path, at=3000, sig=sig)  # between two periodic checkpoints
+    out = stop_run("dqn", *flags, cwd=tmp_path, at=3000, sig=sig)  # between two periodic checkpoints
+    if sig != signal.SIGKILL:  # the refill is said at the stop, just before the resume command
+        refill = "the resumed run refills it for --learning-starts 500 steps before training again"
+        lines = out.splitlines()
+        assert refill in lines[-2] and lines[-1].startswith("stopped at step"), out[-1000:]
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     assert 2000 <= ckpt["global_step"] < total
