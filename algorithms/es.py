@@ -1,8 +1,9 @@
 """OpenAI evolution strategies (Salimans et al. 2017), one envpool batch per population; benchmark: `bash benchmark/es.sh`."""
 
-import argparse
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 import random
 import signal
@@ -70,7 +71,7 @@ class Args:
     l2_coef: float = 0.005
     """L2 weight decay coefficient, added to the (sigma-scaled) ES gradient as in Salimans et al.'s code"""
     hidden_sizes: tuple[int, ...] = (32, 32)
-    """widths of the policy's tanh hidden layers"""
+    """widths of the policy's tanh hidden layers (none: a linear policy)"""
     norm_obs: bool = True
     """normalise observations with running statistics gathered from the rollouts (clipped to +-5)"""
     max_episode_steps: int = 0
@@ -83,6 +84,22 @@ class Args:
     """processes sharing the population, WORLD_SIZE under torchrun (computed)"""
 
 
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+# (hidden_sizes, a tuple, is checked in check_args)
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    num_generations="[1, inf)",
+    population_size="[2, inf)",
+    sigma="(0, inf)",
+    learning_rate="(0, inf)",
+    l2_coef="[0, inf)",
+    max_episode_steps="[0, inf)",
+)
+
 # A preset only changes defaults: any flag given on the command line wins. The mujoco preset is the Humanoid
 # configuration of Salimans et al.'s code (evolution-strategies-starter, configurations/humanoid.json); their
 # population was at least 10,000 episodes a generation on 1,440 CPUs, ours is one envpool batch.
@@ -92,9 +109,13 @@ PRESETS = {
 }
 
 
-def fail(message: str):
-    """Bad input ends with one line on stderr and exit status 1, never a traceback."""
-    raise SystemExit(f"es.py: error: {message}")
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults of the preset the command line asks for; auto picks it from the env's action space."""
+    env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
+    if preset == "auto":
+        _, action_space = env_spaces(env_id)
+        preset = "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
+    return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,11 +128,15 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         return spec.observation_space, spec.action_space
     try:
         env = gym.make(env_id)
+    except ModuleNotFoundError:
+        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = envpool.list_all_envs() + list(gym.registry.keys())
+        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
         fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
@@ -244,19 +269,26 @@ class RunningMeanStd:
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
 
-    def update_from_sums(self, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
-        """Merge the sums of x and x^2 over count observations (what the processes exchange, not the observations)."""
-        if count <= 0:
-            return
-        batch_mean = total / count
-        batch_var = (total_sq / count - batch_mean**2).clamp(min=0.0)
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, batch_mean, batch_var, count)
+    def update(self, x: torch.Tensor) -> None:
+        x = x.double()
+        self.mean, self.var, self.count = update_mean_var_count(
+            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        )
 
     def state_dict(self) -> dict:
         return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
+
+
+def update_from_sums(rms: RunningMeanStd, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
+    """Merge the sums of x and x^2 over count observations into rms (what the processes exchange, not the observations)."""
+    if count <= 0:
+        return
+    batch_mean = total / count
+    batch_var = (total_sq / count - batch_mean**2).clamp(min=0.0)
+    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, batch_mean, batch_var, count)
 
 
 def frozen_normalizer(rms: RunningMeanStd | None, obs_dim: int, device: torch.device):
@@ -266,7 +298,7 @@ def frozen_normalizer(rms: RunningMeanStd | None, obs_dim: int, device: torch.de
     return rms.mean.float(), torch.sqrt(rms.var + 1e-8).float()
 
 
-def normalize_obs(obs: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, clip: float = 5.0) -> torch.Tensor:
+def normalize_frozen(obs: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, clip: float = 5.0) -> torch.Tensor:
     # Salimans et al.'s code clips normalised observations to +-5
     return ((obs - shift) / scale).clamp(-clip, clip)
 
@@ -341,7 +373,7 @@ def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.d
         o = np.asarray(obs, dtype=np.float64) * alive[:, None]
         obs_sum += o
         obs_sq += o * o
-        x = normalize_obs(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
+        x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
         with torch.no_grad():
             action = to_action(population_forward(layers, x), low, high).cpu().numpy()
         obs, reward, term, trunc, _ = envs.step(action)
@@ -355,41 +387,14 @@ def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.d
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checkpoints and evaluation
+# Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write to a temporary file, then rename: a kill during the write never leaves a broken checkpoint."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    if not os.path.isfile(path):
-        fail(f"checkpoint '{path}' does not exist; pass the checkpoint.pt or es.model of an earlier run")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        fail(f"checkpoint '{path}' cannot be read ({type(e).__name__}: {e}); it is not an es.py checkpoint")
-    if not isinstance(state, dict) or "model" not in state or "args" not in state:
-        fail(f"'{path}' is not an es.py checkpoint (it has no model and args)")
-    if env_id is not None and state["args"]["env_id"] != env_id:
-        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
-    return state
-
-
-def evaluate(
-    policy: Policy,
-    obs_rms: RunningMeanStd | None,
-    args: Args,
-    device: torch.device,
-    video_path: str | None = None,
-) -> np.ndarray:
+def evaluate(policy: Policy, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
     """Play one full episode (up to the horizon) of the policy on each of args.eval_episodes envs.
 
     Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video_path is not None)
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
     space = envs.single_action_space
     low, high = (None, None)
     if isinstance(space, gym.spaces.Box):
@@ -399,10 +404,10 @@ def evaluate(
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames = []
     for _ in range(args.horizon):
-        if video_path is not None and not finished[0]:
+        if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
-            x = normalize_obs(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
+            x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
             action = to_action(policy(x), low, high).cpu().numpy()
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
@@ -410,53 +415,41 @@ def evaluate(
         if finished.all():
             break
     envs.close()
-    if video_path is not None and frames:
-        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
-
-        os.makedirs(os.path.dirname(video_path), exist_ok=True)
-        imageio.mimsave(video_path, frames, fps=30, macro_block_size=1)
+    write_video(video, frames)
     return returns
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command line and training loop
-# ---------------------------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> Args:
-    """tyro CLI whose defaults are the chosen preset's, so that --help shows the values a run will use."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--env-id", "--env_id", dest="env_id", default=Args.env_id)
-    pre.add_argument("--preset", default=Args.preset)
-    known, _ = pre.parse_known_args(argv)
-    preset = known.preset
-    if preset == "auto":
-        _, action_space = env_spaces(known.env_id)
-        preset = "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
-    defaults = Args(env_id=known.env_id, **PRESETS.get(preset, {}))
-    return tyro.cli(Args, default=defaults, args=argv, description=__doc__)
-
-
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges alone cannot tell: the env's spaces and horizon, the hidden sizes, and the population's split
+    over the processes (WORLD_SIZE, set by torchrun)."""
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        fail(f"es.py handles Discrete and Box action spaces; {args.env_id} has {action_space}")
+        fail(f"es.py handles Discrete and Box action spaces, and {args.env_id} has {action_space}; pick an env with one")
+    if isinstance(action_space, gym.spaces.Box) and not np.isfinite(np.r_[action_space.low, action_space.high]).all():
+        fail(f"es.py scales tanh to the action bounds, and {args.env_id}'s are not finite; pick an env with bounded actions")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"es.py needs a vector observation; {args.env_id} has {obs_space}")
-    if args.population_size < 2 or args.population_size % (2 * args.world_size):
-        fail(
-            f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} "
-            "process(es): antithetic pairs, split evenly over the processes"
-        )
-    if args.sigma <= 0:
-        fail(f"--sigma must be positive, not {args.sigma}")
-    if args.num_generations < 1:
-        fail("--num-generations must be at least 1")
-    if args.eval_episodes < 1:
-        fail("--eval-episodes must be at least 1")
+        fail(f"es.py needs a vector observation, and {args.env_id} has {obs_space}; pick an env with Box(n,) observations")
     if any(width < 1 for width in args.hidden_sizes):
-        fail(f"--hidden-sizes must be positive, not {' '.join(map(str, args.hidden_sizes))}")
-    if args.max_episode_steps < 0 or args.horizon < 1:
-        fail(f"{args.env_id} has no time limit: pass --max-episode-steps, the horizon of an episode")
+        sizes = " ".join(map(str, args.hidden_sizes))
+        fail(f"--hidden-sizes {sizes} has a width below 1; pass positive widths, e.g. --hidden-sizes 32 32")
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    pair_split = 2 * args.world_size
+    if args.population_size % pair_split:
+        fail(
+            f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
+            f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // pair_split) * pair_split}"
+        )
+    args.horizon = args.max_episode_steps or time_limit(args.env_id)
+    if args.horizon < 1:
+        fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
+    # only process 0 evaluates, so only it needs to know
+    if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):
+        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
+        args.capture_video = False
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
+# ---------------------------------------------------------------------------------------------------------------
 def gather_members(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' member rows, in member order (process r holds the r-th slice). The only data exchanged."""
     if world_size == 1:
@@ -466,42 +459,49 @@ def gather_members(local: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
+    """A stop asked of one process is asked of all: every process stops after the same generation, or the next
+    exchange would hang."""
+    if world_size > 1:
+        flag = torch.tensor([len(stop)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not stop:
+            stop.append(signal.SIGTERM)
+
+
+def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
+    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
+    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    if writer is not None:
+        writer.close()
+        launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
+        resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+        print(f"stopped at {where}; resume with: {resume}", flush=True)
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.exit(128 + stop[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
-    # --- set-up: processes (torchrun sets WORLD_SIZE, RANK, LOCAL_RANK) ---
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, args.env_id)
-        computed = ("resume", "horizon", "world_size")
-        differ = [k for k, v in ckpt["args"].items() if k not in computed and getattr(args, k) != v]
-        if differ:
-            print(f"resuming with the checkpoint's arguments, which differ from this command line in: {', '.join(differ)}")
-        args = Args(**{**ckpt["args"], "resume": args.resume, "hidden_sizes": tuple(ckpt["args"]["hidden_sizes"])})
-    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    # --- set-up: every check before the run directory is made; torchrun sets WORLD_SIZE, RANK and LOCAL_RANK ---
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     obs_space, action_space = env_spaces(args.env_id)
-    args.horizon = args.max_episode_steps or time_limit(args.env_id)
     check_args(args, obs_space, action_space)
-    if rank == 0 and args.capture_video and not can_render(args.env_id):
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
-    use_cuda = torch.cuda.is_available() and args.cuda
-    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    if use_cuda:
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    # only process 0 writes logs, checkpoints and models
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
+    device = seed_and_device(args)
+    if device.type == "cuda":  # one GPU per process
+        device = torch.device(f"cuda:{local_rank}")
         torch.cuda.set_device(device)
     if args.world_size > 1:
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    safe_id = args.env_id.replace("/", "-").replace(":", "-")
-    run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
-    if rank == 0:  # only process 0 writes logs, checkpoints and models
-        os.makedirs(run_dir, exist_ok=True)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    # the same seed gives every process the same initial parameters; only process 0 saves them
+    # the same seed gives every process the same initial parameters, theta, which ES perturbs as one flat vector
     continuous = isinstance(action_space, gym.spaces.Box)
     obs_dim = obs_space.shape[0]
     n_out = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
@@ -520,59 +520,21 @@ def main(args: Args) -> None:
         if obs_rms is not None:
             obs_rms.load_state_dict(ckpt["obs_rms"])
         global_step, start_generation = ckpt["global_step"], ckpt["generation"] + 1
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        restore_rng(ckpt["rng"], device)
         if rank == 0:
             print(f"resumed {run_dir} at generation {ckpt['generation']} (step {global_step:,})")
+    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
+    progress = Progress(args, global_step, args.num_generations, unit="generation", done=start_generation - 1)
+    stop = stop_requests()
 
-    writer = None
-    if rank == 0:
-        # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-        writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
-        if not ckpt:
-            table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-            writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
+    # this process's slice of the population: members first_member .. first_member + members - 1
     members = args.population_size // args.world_size
     first_member = rank * members
+    my_pairs, all_pairs = range(first_member // 2, (first_member + members) // 2), range(args.population_size // 2)
     low, high = (None, None)
     if continuous:
         low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in (action_space.low, action_space.high))
-    my_pairs = range(first_member // 2, (first_member + members) // 2)
-    all_pairs = range(args.population_size // 2)
-
-    def sync_policy() -> None:
-        with torch.no_grad():
-            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
-
-    def checkpoint_state(generation: int) -> dict:
-        sync_policy()
-        rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
-        return dict(
-            args=dataclasses.asdict(args),
-            run_name=run_name,
-            model=policy.state_dict(),
-            optimizer=optimizer.state_dict(),
-            obs_rms=obs_rms.state_dict() if obs_rms else None,
-            global_step=global_step,
-            generation=generation,
-            rng=rng,
-        )
-
-    # Ctrl-C and SIGTERM finish the current generation, write a checkpoint and exit; a second one kills at once
-    stop = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-
     layer_shapes = policy.layer_shapes()
-    last_eval = float("nan")
-    start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
 
     for generation in range(start_generation, args.num_generations + 1):
         # --- perturbation: this process's slice of the antithetic population ---
@@ -593,98 +555,326 @@ def main(args: Args) -> None:
 
         # --- update: centered ranks, ES gradient, weight decay, Adam ---
         with torch.no_grad():
-            shaped = centered_ranks(fitness)
-            grad = es_gradient(shaped, noise, args.sigma)
+            grad = es_gradient(centered_ranks(fitness), noise, args.sigma)
             # the starter code feeds Adam -g + l2coeff * theta with g = sum_i F_i eps_i / P, i.e. sigma * grad
             theta.grad = -(args.sigma * grad) + args.l2_coef * theta.detach()
         optimizer.step()
         if obs_rms is not None:  # the next generation's statistics, from every member's real steps
-            obs_rms.update_from_sums(results[:, 2 : 2 + obs_dim].sum(0), results[:, 2 + obs_dim :].sum(0), lengths.sum())
-        stats = torch.stack([fitness.mean(), fitness.max(), lengths.mean(), lengths.sum(), grad.norm().double()])
-        mean_return, max_return, mean_length, gen_steps, grad_norm = stats.tolist()  # one host sync per generation
-        global_step += int(gen_steps)
+            update_from_sums(obs_rms, results[:, 2 : 2 + obs_dim].sum(0), results[:, 2 + obs_dim :].sum(0), lengths.sum())
+        host = torch.cat([fitness, lengths, grad.norm().double()[None]]).cpu().numpy()  # one host sync per generation
+        P = args.population_size
+        ep_returns, ep_lengths, grad_norm = host[:P], host[P : 2 * P], host[-1]
+        global_step += int(ep_lengths.sum())
 
-        # --- logging (process 0) ---
-        sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
-        if writer is not None:
-            writer.add_scalar("charts/episodic_return", mean_return, global_step)
-            writer.add_scalar("charts/max_return", max_return, global_step)
-            writer.add_scalar("charts/episodic_length", mean_length, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
+        # --- logging (process 0): every member's episode, then the generation's aggregates ---
+        if rank == 0:
+            progress.log_episodes(writer, ep_returns, ep_lengths, global_step)
+            writer.add_scalar("charts/population_mean_return", ep_returns.mean(), global_step)
+            writer.add_scalar("charts/max_return", ep_returns.max(), global_step)
             writer.add_scalar("losses/grad_norm", grad_norm, global_step)
+            extra = f" | population mean {ep_returns.mean():.1f} max {ep_returns.max():.1f} | step {global_step:,}"
+            progress.log(writer, global_step, generation, extra, force=generation == args.num_generations)
 
         # --- evaluation of the unperturbed mean policy (process 0), checkpoint, stop requests ---
-        if args.eval_every and generation % args.eval_every == 0 and rank == 0:
-            t0 = time.time()
-            sync_policy()
-            video = os.path.join(run_dir, "videos", f"eval_{generation}.mp4") if args.capture_video else None
-            eval_returns = evaluate(policy, obs_rms, args, device, video)
-            last_eval = float(np.mean(eval_returns))
-            writer.add_scalar("eval/episodic_return", last_eval, global_step)
-            eval_seconds += time.time() - t0
-        if rank == 0 and (time.time() - last_print > args.progress_interval or generation == args.num_generations):
-            last_print = time.time()
-            done_gens = generation - start_generation + 1
-            eta = (time.time() - start_time) / done_gens * (args.num_generations - generation)
-            print(
-                f"generation {generation}/{args.num_generations} ({100 * generation / args.num_generations:.0f}%)"
-                f" | step {global_step:,} | SPS {sps:,} | return mean {mean_return:.1f} max {max_return:.1f}"
-                f" | eval {last_eval:.1f} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
-                flush=True,
-            )
-        if args.world_size > 1:  # every process stops after the same generation, or the exchanges would hang
-            flag = torch.tensor([len(stop)], device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and not stop:
-                stop.append(signal.SIGTERM)
-        checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-        periodic = args.checkpoint_every and generation % args.checkpoint_every == 0
-        if rank == 0 and (periodic or stop):
-            save_checkpoint(checkpoint_path, checkpoint_state(generation))
+        if rank == 0 and crossed(generation, 1, args.eval_every):
+            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+            with progress.paused():
+                log_eval(writer, evaluate(policy, obs_rms, args, device, video_path(args, run_dir, generation)), global_step)
+        stop_everywhere(stop, args.world_size, device)
+        if rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stop):
+            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+            save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                model=policy.state_dict(), optimizer=optimizer.state_dict(),
+                obs_rms=obs_rms.state_dict() if obs_rms else None,
+                global_step=global_step, generation=generation, rng=rng_state(device),
+            )  # fmt: skip
         if stop:
-            if writer is not None:
-                writer.close()
-                launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
-                resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {checkpoint_path}"
-                print(f"stopped at generation {generation} (step {global_step:,}); resume with: {resume}", flush=True)
-            if args.world_size > 1:
-                dist.barrier()
-                dist.destroy_process_group()
-            sys.exit(128 + stop[0])
+            stop_processes_and_exit(stop, writer, args, run_dir, f"generation {generation} (step {global_step:,})")
 
     if args.world_size > 1:
         dist.destroy_process_group()
     if rank != 0:
         return
-    writer.flush()
 
     # --- final model: saved, reloaded from disk, evaluated with frozen statistics ---
     if args.save_model:
-        sync_policy()
+        nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
         model_path = os.path.join(run_dir, "es.model")
         save_checkpoint(
-            model_path,
-            dict(
-                args=dataclasses.asdict(args),
-                run_name=run_name,
-                model=policy.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None,
-            ),
+            model_path, "model", args, run_dir, model=policy.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
         )
-        state = load_checkpoint(model_path, args.env_id)
+        state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_policy = Policy(obs_dim, n_out, tuple(state["args"]["hidden_sizes"])).to(device)
         eval_policy.load_state_dict(state["model"])
         eval_rms = None
         if state["obs_rms"] is not None:
             eval_rms = RunningMeanStd((obs_dim,), device)
             eval_rms.load_state_dict(state["obs_rms"])
-        video = os.path.join(run_dir, "videos", "final.mp4") if args.capture_video else None
-        eval_returns = evaluate(eval_policy, eval_rms, args, device, video)
-        for r in eval_returns:  # all at the final step, one point per episode
-            writer.add_scalar("eval/episodic_return", r, global_step)
-        mean, std = np.mean(eval_returns), np.std(eval_returns)
-        print(f"evaluation of {model_path}: mean return {mean:.1f} +- {std:.1f} over {len(eval_returns)} episodes")
-        print(f"model: {model_path}")
+        log_final_eval(
+            writer, evaluate(eval_policy, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path
+        )
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     writer.close()
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 

@@ -1,7 +1,7 @@
 """es.py: the ES maths against hand computations and a known function, the batched population, one process against
 two under torchrun, end-to-end runs, resume, bad input, learning."""
 
-import re
+import os
 import subprocess
 import sys
 
@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm, only_run, run_algorithm, scalars, stop_run, values, with_foreign_checkpoint
+from conftest import (
+    ROOT,
+    assert_one_error_line,
+    load_algorithm,
+    only_run,
+    run_algorithm,
+    run_bad_input,
+    scalars,
+    stop_run,
+    values,
+)
 
 es = load_algorithm("es")
 CPU = torch.device("cpu")
@@ -120,6 +130,7 @@ def test_rollout_counts_each_member_until_its_own_done_and_never_after():
 # ---------------------------------------------------------------------------------------------------------------
 TAGS = {
     "charts/episodic_return",
+    "charts/population_mean_return",
     "charts/max_return",
     "charts/episodic_length",
     "charts/SPS",
@@ -143,7 +154,13 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
     assert f"model: {run.relative_to(tmp_path) / 'es.model'}" in proc.stdout
     assert "tensorboard logs:" in proc.stdout.splitlines()[-1]
     assert TAGS <= set(scalars(run))
-    assert len(values(run, "charts/episodic_return")) == 2
+    # one point per member's episode (2 generations of 8), and the generation's mean and best under their own tags
+    episodes = scalars(run)["charts/episodic_return"]
+    assert len(episodes) == 16 and len(values(run, "charts/episodic_length")) == 16
+    generations = zip(scalars(run)["charts/population_mean_return"], values(run, "charts/max_return"), strict=True)
+    for (step, mean, _), best in generations:
+        returns = [v for s, v, _ in episodes if s == step]
+        assert len(returns) == 8 and mean == pytest.approx(np.mean(returns)) and best == max(returns)
     model = torch.load(run / "es.model", weights_only=False)
     assert model["args"]["env_id"] == env_id
     # observation statistics gathered from the rollouts travel with the model
@@ -171,7 +188,7 @@ def final_state(run):
 def assert_same_state(a, b):
     assert a[0].keys() == b[0].keys() and all(torch.equal(a[0][k], b[0][k]) for k in a[0])
     assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
-    assert a[2] == b[2] and a[3] == b[3]  # every generation's gradient norm and mean fitness, to the bit
+    assert a[2] == b[2] and a[3] == b[3]  # every generation's gradient norm and every member's return, to the bit
 
 
 def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_the_same(tmp_path):
@@ -179,7 +196,8 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     again, stopped by SIGTERM after generation 2 and resumed from its checkpoint. Each member's noise and env seed
     depend on its index and the generation alone, and the checkpoint holds the parameters, Adam's moments and the
     observation statistics, so all three end with the same parameters and statistics, and log the same gradient
-    norm and mean fitness at every generation, to the bit (which also makes it the same-seed-twice check)."""
+    norm at every generation and the same return of every member, to the bit (which also makes it the same-seed-twice
+    check)."""
     flags = ["--num-generations", "8", "--population-size", "32", "--hidden-sizes", "16", "16", "--seed", "5"]
     flags += ["--eval-every", "0", "--save-model", "--eval-episodes", "1", "--progress-interval", "0"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -201,38 +219,81 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     assert_same_state(states["one"], states["two"])
     assert_same_state(states["one"], states["again"])
     assert torch.load(next((tmp_path / "runs").glob("*__two__*/es.model")), weights_only=False)["args"]["world_size"] == 2
-    steps = [s for s, _, _ in scalars(again)["charts/episodic_return"]]
+    steps = [s for s, _, _ in scalars(again)["charts/population_mean_return"]]
     assert len(steps) == 8 and steps == sorted(set(steps))  # every generation logged once across the stop
+    assert len(values(again, "charts/episodic_return")) == 8 * 32  # and every member's episode
+    assert "resume with: python " in out
+
+
+# envs that the checks must turn away, in a module the bad-input runs import (--env-id odd_envs:...)
+ODD_ENVS = """
+import gymnasium as gym
+import numpy as np
+
+
+class Odd(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class Unbounded(Odd):
+    action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+
+class Multi(Odd):
+    action_space = gym.spaces.MultiDiscrete([2, 2])
+
+
+gym.register("NoLimit-v0", entry_point=Odd)
+gym.register("Unbounded-v0", entry_point=Unbounded, max_episode_steps=10)
+gym.register("Multi-v0", entry_point=Multi, max_episode_steps=10)
+"""
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
-        (["--population-size", "7"], r"--population-size 7 must be a positive multiple of 2 x 1 process"),
-        (["--sigma", "0"], r"--sigma must be positive"),
+        (["--population-size", "7"], r"--population-size 7 must be a positive multiple of 2 x 1 process.*; pass 8"),
+        (["--sigma", "0"], r"--sigma 0.0 is out of range; pass a value in \(0, inf\)"),
+        (["--hidden-sizes", "32", "0"], r"--hidden-sizes 32 0 has a width below 1"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
         (["--env-id", "FrozenLake-v1"], r"needs a vector observation"),
         (["--env-id", "Breakout-v5"], r"needs a vector observation"),
+        (["--env-id", "odd_envs:Multi-v0"], r"handles Discrete and Box action spaces.*MultiDiscrete"),
+        (["--env-id", "odd_envs:Unbounded-v0"], r"action bounds, and odd_envs:Unbounded-v0's are not finite"),
+        (["--env-id", "odd_envs:NoLimit-v0"], r"has no time limit.*; pass --max-episode-steps"),
     ],
 )
-def test_bad_input_gets_one_clear_error(flags, message, tmp_path, monkeypatch):
-    """In-process (each subprocess costs seconds of imports); the last case below checks the stderr line."""
-    flags = with_foreign_checkpoint(flags, tmp_path, "Acrobot-v1", "es.py")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exit_info:
-        es.main(es.parse_args(flags))
-    assert re.search(message, str(exit_info.value)) and str(exit_info.value).startswith("es.py: error:")
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+    (tmp_path / "odd_envs.py").write_text(ODD_ENVS)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    assert_one_error_line("es", run_bad_input("es", flags, tmp_path, "Acrobot-v1", env=env), message)
 
 
 def test_bad_input_is_one_line_on_stderr_without_traceback(tmp_path):
     proc = run_algorithm("es", "--population-size", "7", cwd=tmp_path, check=False)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "es.py: error: --population-size 7 must be a positive multiple of 2 x 1 process(es): antithetic pairs, "
-        "split evenly over the processes"
+        "es.py: error: --population-size 7 must be a positive multiple of 2 x 1 process(es) (antithetic pairs, "
+        "split evenly over the processes); pass 8"
     ]
+
+
+def test_a_horizon_makes_an_env_without_time_limit_usable(tmp_path):
+    (tmp_path / "odd_envs.py").write_text(ODD_ENVS)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    flags = ["--env-id", "odd_envs:NoLimit-v0", "--max-episode-steps", "5", "--num-generations", "1", "--population-size", "4"]
+    run_algorithm("es", *flags, cwd=tmp_path, env=env)
+    assert values(only_run(tmp_path), "charts/episodic_length") == [5.0] * 4
 
 
 def test_envpool_seeds_env_i_with_seed_plus_i():
