@@ -1,8 +1,9 @@
 """DDPG (Lillicrap et al. 2016) and TD3 (Fujimoto et al. 2018) in one file; benchmark: `bash benchmark/ddpg_td3.sh`."""
 
-import argparse
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 import random
 import signal
@@ -34,8 +35,8 @@ class Args:
     """envpool id (Hopper-v4, HalfCheetah-v5, Pendulum-v1, ...) or any gymnasium id with Box actions, including
     'module:Env-v0'"""
     algo: Literal["td3", "ddpg"] = "td3"
-    """td3 switches on its three changes to DDPG (--twin-critics, --policy-frequency 2, --target-policy-smoothing);
-    ddpg switches them off; each flag given on the command line wins"""
+    """td3 switches on TD3's clipped double Q (--twin-critics) and target policy smoothing (--target-policy-smoothing),
+    ddpg switches them off; both delay the actor (--policy-frequency 2), as CleanRL's DDPG does; each flag given wins"""
     preset: Literal["auto", "classic", "mujoco"] = "auto"
     """defaults for a family: mujoco (CleanRL td3_continuous_action.py / ddpg_continuous_action.py: 1M steps, 1M
     buffer, 25k random steps first), classic (Pendulum-v1: 15k steps, 1k random steps first, lr 1e-3, 64-64 MLPs);
@@ -92,7 +93,8 @@ class Args:
     twin_critics: bool = True
     """TD3's clipped double Q: two critics, the target takes their minimum (DDPG: one critic)"""
     policy_frequency: int = 2
-    """TD3's delayed updates: one actor and target update per this many critic updates (DDPG: 1)"""
+    """delayed updates: one actor and target update per this many critic updates (TD3 and CleanRL's DDPG: 2; the DDPG
+    of Lillicrap et al. 2016 and Fujimoto et al. 2018's OurDDPG: 1)"""
     target_policy_smoothing: bool = True
     """TD3's target policy smoothing: clipped Gaussian noise on the target action (DDPG: none)"""
     policy_noise: float = 0.2
@@ -101,13 +103,38 @@ class Args:
     """the smoothing noise is clipped to +-noise_clip (same units as --policy-noise)"""
 
 
-# TD3 is DDPG plus three changes; each preset only changes defaults and any flag given on the command line wins.
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    log_every="[1, inf)",
+    total_timesteps="[1, inf)",
+    learning_rate="(0, inf)",
+    num_envs="[1, inf)",
+    buffer_size="[1, inf)",
+    gamma="[0, 1]",
+    tau="(0, 1]",
+    batch_size="[1, inf)",
+    hidden_size="[1, inf)",
+    exploration_noise="[0, inf)",
+    learning_starts="[0, inf)",
+    policy_frequency="[1, inf)",
+    policy_noise="[0, inf)",
+    noise_clip="[0, inf)",
+)
+
+# What --algo sets; any flag given on the command line wins. Both delay the actor by 2 critic updates: CleanRL's
+# ddpg_continuous_action.py does (policy_frequency 2), and its published DDPG results are the ones benchmark/ddpg_td3.sh
+# reproduces; --policy-frequency 1 gives the every-step DDPG of Lillicrap et al. 2016.
 ALGOS = {
     "td3": dict(exp_name="td3", twin_critics=True, policy_frequency=2, target_policy_smoothing=True),
-    "ddpg": dict(exp_name="ddpg", twin_critics=False, policy_frequency=1, target_policy_smoothing=False),
+    "ddpg": dict(exp_name="ddpg", twin_critics=False, policy_frequency=2, target_policy_smoothing=False),
 }
-# The settings of CleanRL's td3_continuous_action.py and ddpg_continuous_action.py (those of Fujimoto et al. 2018,
-# with 256-256 networks), whose published MuJoCo results benchmark/ddpg_td3.sh reproduces; classic is sized for
+# mujoco: the settings of CleanRL's td3_continuous_action.py and ddpg_continuous_action.py (those of Fujimoto et al.
+# 2018, with 256-256 networks), whose published MuJoCo results benchmark/ddpg_td3.sh reproduces; classic is sized for
 # Pendulum-v1 (budget measured in tests/test_ddpg_td3.py).
 PRESETS = {
     "mujoco": dict(),
@@ -116,9 +143,14 @@ PRESETS = {
 CLASSIC_CONTROL = ("Pendulum-v1", "MountainCarContinuous-v0")
 
 
-def fail(message: str):
-    """Bad input ends with one line on stderr and exit status 1, never a traceback."""
-    raise SystemExit(f"ddpg_td3.py: error: {message}")
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults of the algo and the preset the command line asks for; auto picks classic for classic control."""
+    env_id, algo = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "algo", Args.algo)
+    preset = flag_value(argv, "preset", Args.preset)
+    if preset == "auto":
+        preset = "classic" if env_id in CLASSIC_CONTROL else "mujoco"
+    algo = algo if algo in ALGOS else Args.algo  # tyro names an unknown --algo in its own error
+    return Args(env_id=env_id, algo=algo, **ALGOS[algo], **PRESETS.get(preset, {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -131,11 +163,15 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         return spec.observation_space, spec.action_space
     try:
         env = gym.make(env_id)
+    except ModuleNotFoundError:
+        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = envpool.list_all_envs() + list(gym.registry.keys())
+        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
         fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
@@ -176,6 +212,8 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     """Running return and length per env; returns the new running values and the finished episodes' ones.
 
     `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
     """
     ep_return = ep_return + raw_reward
     ep_length = ep_length + valid
@@ -372,72 +410,45 @@ def select_actions(actor: Actor, obs: torch.Tensor, noise: float, rng: np.random
     return np.clip(action, low, high).astype(np.float32)
 
 
+def float_tensor(x: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=torch.float32, device=device)
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# Checkpoints and evaluation
+# Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write to a temporary file, then rename: a kill during the write never leaves a broken checkpoint."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    if not os.path.isfile(path):
-        fail(f"checkpoint '{path}' does not exist; pass the checkpoint.pt or <algo>.model of an earlier run")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        fail(f"checkpoint '{path}' cannot be read ({type(e).__name__}: {e}); it is not a ddpg_td3.py checkpoint")
-    if not isinstance(state, dict) or "model" not in state or "args" not in state:
-        fail(f"'{path}' is not a ddpg_td3.py checkpoint (it has no model and args)")
-    if env_id is not None and state["args"]["env_id"] != env_id:
-        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
-    return state
-
-
-def evaluate(actor: Actor, args: Args, device: torch.device, video_path: str | None = None) -> np.ndarray:
+def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
     """Play one full episode with the deterministic actor (no exploration noise) on each of args.eval_episodes envs.
     Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video_path is not None)
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames = []
     while not finished.all():
-        if video_path is not None and not finished[0]:
+        if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
-        action = select_actions(actor, torch.as_tensor(obs, dtype=torch.float32, device=device), 0.0, None, False)
+        action = select_actions(actor, float_tensor(obs, device), 0.0, None, False)
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
     envs.close()
-    if video_path is not None and frames:
-        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
-
-        os.makedirs(os.path.dirname(video_path), exist_ok=True)
-        imageio.mimsave(video_path, frames, fps=30, macro_block_size=1)
+    write_video(video, frames)
     return returns
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command line and training loop
-# ---------------------------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> Args:
-    """tyro CLI whose defaults are the chosen algo's and preset's, so that --help shows the values a run will use."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--env-id", "--env_id", dest="env_id", default=Args.env_id)
-    pre.add_argument("--algo", default=Args.algo)
-    pre.add_argument("--preset", default=Args.preset)
-    known, _ = pre.parse_known_args(argv)
-    preset = known.preset
-    if preset == "auto":
-        preset = "classic" if known.env_id in CLASSIC_CONTROL else "mujoco"
-    defaults = Args(env_id=known.env_id, algo=known.algo, **ALGOS.get(known.algo, {}), **PRESETS.get(preset, {}))
-    return tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+def memory_needed(args: Args, obs_dim: int, action_dim: int) -> int:
+    """Bytes of float32 storage, at least: the replay buffer, the actor and critics with their targets and Adam
+    moments, and one batch's hidden activations."""
+    h, num_critics = args.hidden_size, 2 if args.twin_critics else 1
+    actor = (obs_dim + 1) * h + (h + 1) * h + (h + 1) * action_dim
+    critic = (obs_dim + action_dim + 1) * h + (h + 1) * h + h + 1
+    buffer = args.buffer_size * (2 * obs_dim + action_dim + 2)
+    return 4 * (buffer + 4 * (actor + num_critics * critic) + args.batch_size * 2 * h * (num_critics + 1))
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if isinstance(action_space, gym.spaces.Discrete):
         fail(f"ddpg_td3.py needs Box actions; {args.env_id} has {action_space}: use dqn.py for discrete actions")
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
@@ -446,52 +457,53 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"ddpg_td3.py scales the actor's tanh output to the action bounds; {args.env_id} has unbounded {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"ddpg_td3.py needs a vector observation; {args.env_id} has {obs_space}")
-    if min(args.num_envs, args.batch_size, args.policy_frequency, args.hidden_size) < 1:
-        fail("--num-envs, --batch-size, --policy-frequency and --hidden-size must be at least 1")
     if args.learning_starts < args.batch_size:
-        fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}")
+        fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}; raise it")
     if args.buffer_size < args.batch_size:
-        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size}")
+        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size}; raise it or lower the batch")
+    if args.learning_starts >= args.total_timesteps:
+        fail(
+            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}, so no "
+            "gradient step would ever be taken; lower --learning-starts or raise --total-timesteps"
+        )
     if args.total_timesteps < args.num_envs:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs")
-    if not 0.0 < args.tau <= 1.0:
-        fail(f"--tau {args.tau} must lie in (0, 1]")
-    if min(args.exploration_noise, args.policy_noise, args.noise_clip) < 0:
-        fail("--exploration-noise, --policy-noise and --noise-clip must not be negative")
-    if args.eval_episodes < 1:
-        fail("--eval-episodes must be at least 1")
-
-
-def main(args: Args) -> None:
-    # --- set-up ---
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, args.env_id)
-        ignored = [k for k, v in ckpt["args"].items() if k != "resume" and getattr(args, k) != v and k in Args.__annotations__]
-        if ignored and any(getattr(args, k) != getattr(Args(), k) for k in ignored):
-            print(f"resuming with the checkpoint's arguments; ignoring --{', --'.join(k.replace('_', '-') for k in ignored)}")
-        args = Args(**{**ckpt["args"], "resume": args.resume})
-    obs_space, action_space = env_spaces(args.env_id)
-    check_args(args, obs_space, action_space)
+        fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
+    cuda = args.cuda and torch.cuda.is_available()
+    available = (
+        torch.cuda.get_device_properties(0).total_memory if cuda else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    )
+    needed = memory_needed(args, int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)))
+    if needed > available:
+        fail(
+            f"the replay buffer and networks need at least {needed / 2**30:.1f} GiB, more than the {available / 2**30:.1f}"
+            f" GiB of this machine's {'GPU' if cuda else 'memory'}; lower --buffer-size, --hidden-size or --batch-size"
+        )
     if args.capture_video and not can_render(args.env_id):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
-    safe_id = args.env_id.replace("/", "-").replace(":", "-")
-    run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    global_step = ckpt["global_step"] if ckpt else 0
-    envs = make_env(args.env_id, args.num_envs, args.seed + global_step)
+def time_split(seconds: dict, train_seconds: float) -> str:
+    """Where the training time went (benchmark/ddpg_td3.sh speed prints it)."""
+    shares = {k: 100 * v / max(train_seconds, 1e-9) for k, v in seconds.items()}
+    return (
+        f"time: env steps {shares['env']:.0f}%, acting {shares['acting']:.0f}%, updates {shares['updates']:.0f}%,"
+        f" replay writes and logging {100 - sum(shares.values()):.0f}%"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: every check before the run directory is made ---
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
+    device = seed_and_device(args)
+
     obs_dim, action_dim, N = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)), args.num_envs
-
     num_critics = 2 if args.twin_critics else 1
     actor = Actor(obs_dim, action_space, args.hidden_size).to(device)
     target_actor = Actor(obs_dim, action_space, args.hidden_size).to(device)
@@ -504,97 +516,60 @@ def main(args: Args) -> None:
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     explore_rng = np.random.default_rng(args.seed)  # random actions and exploration noise
     rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device, args.seed)
-    train_from, critic_updates = args.learning_starts, 0
+    global_step, critic_updates, train_from = 0, 0, args.learning_starts
     if ckpt:
-        actor.load_state_dict(ckpt["model"])
-        target_actor.load_state_dict(ckpt["target_actor"])
-        critic.load_state_dict(ckpt["critic"])
-        target_critic.load_state_dict(ckpt["target_critic"])
+        for net, key in (
+            (actor, "model"),
+            (target_actor, "target_actor"),
+            (critic, "critic"),
+            (target_critic, "target_critic"),
+        ):
+            net.load_state_dict(ckpt[key])
         q_optimizer.load_state_dict(ckpt["q_optimizer"])
         actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
-        critic_updates = ckpt["critic_updates"]
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        global_step, critic_updates = ckpt["global_step"], ckpt["critic_updates"]
+        restore_rng(ckpt["rng"], device)
         explore_rng.bit_generator.state = ckpt["rng"]["explore"]
         rb.generator.set_state(ckpt["rng"]["buffer"])
-        saved_buffer = ckpt.pop("replay_buffer", None)
+        saved_buffer = ckpt.pop("replay_buffer")
         if saved_buffer is not None:
             rb.load_state_dict(saved_buffer)
         else:  # the experience is lost: gather learning_starts steps again before the next gradient step
-            train_from = max(train_from, global_step + args.learning_starts)
-        print(f"resumed {run_dir} at step {global_step:,}" + ("" if rb.size else " (replay buffer not saved: refilling it)"))
+            train_from = global_step + args.learning_starts
+        refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps before the next update)"
+        print(f"resumed {run_dir} at step {global_step:,}" + ("" if saved_buffer is not None else refill))
+    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    progress = Progress(args, global_step, args.total_timesteps)
+    stop = stop_requests()
 
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
-    if not ckpt:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
-    def checkpoint_state(with_buffer: bool) -> dict:
-        rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
-        rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        rng.update(explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state())
-        return dict(
-            args=dataclasses.asdict(args),
-            run_name=run_name,
-            model=actor.state_dict(),
-            target_actor=target_actor.state_dict(),
-            critic=critic.state_dict(),
-            target_critic=target_critic.state_dict(),
-            q_optimizer=q_optimizer.state_dict(),
-            actor_optimizer=actor_optimizer.state_dict(),
-            replay_buffer=rb.state_dict() if with_buffer else None,
-            global_step=global_step,
-            critic_updates=critic_updates,
-            rng=rng,
-        )
-
-    # Ctrl-C and SIGTERM finish the current step, write a checkpoint and exit; a second one kills at once
-    stop = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-
-    def to_tensor(x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=torch.float32, device=device)
-
-    obs = to_tensor(envs.reset()[0])
+    # envs are not restored by a resume, so its envs take a fresh seed
+    envs = make_env(args.env_id, N, args.seed + global_step)
+    obs = float_tensor(envs.reset()[0], device)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    recent_returns: list[float] = []
     stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
-    start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
-    env_seconds, act_seconds, update_seconds = 0.0, 0.0, 0.0
+    seconds = dict(env=0.0, acting=0.0, updates=0.0)
 
     while global_step < args.total_timesteps:
-        # --- acting ---
+        # --- acting: uniformly random until learning starts, then the actor plus exploration noise ---
         global_step += N
         t0 = time.perf_counter()
         actions = select_actions(actor, obs, args.exploration_noise, explore_rng, global_step <= args.learning_starts)
         t1 = time.perf_counter()
         next_obs_np, reward, term, trunc, _ = envs.step(actions)
         t2 = time.perf_counter()
-        act_seconds, env_seconds = act_seconds + t1 - t0, env_seconds + t2 - t1
+        seconds["acting"], seconds["env"] = seconds["acting"] + t1 - t0, seconds["env"] + t2 - t1
         # next_obs is the real final observation after a truncation (the reset comes on the next step), and a
         # truncated transition keeps terminated 0: it bootstraps; the reset step (next_valid False) is not written
-        next_obs = to_tensor(next_obs_np)
-        rb.add(obs, to_tensor(actions), to_tensor(reward), next_obs, to_tensor(term), next_valid)
+        next_obs = float_tensor(next_obs_np, device)
+        rb.add(
+            obs, float_tensor(actions, device), float_tensor(reward, device), next_obs, float_tensor(term, device), next_valid
+        )
         obs = next_obs
-
         ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
             ep_return, ep_length, reward, next_valid, term | trunc
         )
-        for r, length in zip(fin_returns, fin_lengths, strict=True):
-            writer.add_scalar("charts/episodic_return", r, global_step)
-            writer.add_scalar("charts/episodic_length", length, global_step)
-            recent_returns = (recent_returns + [float(r)])[-20:]
+        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
         next_valid = ~(term | trunc)
 
         # --- update: one gradient step per env step ---
@@ -608,10 +583,11 @@ def main(args: Args) -> None:
                 )
                 stats += step_stats
                 num_critic_stats, num_actor_stats = num_critic_stats + 1, num_actor_stats + actor_updated
-            update_seconds += time.perf_counter() - t0
+            seconds["updates"] += time.perf_counter() - t0
 
         # --- logging: one host sync per log interval ---
-        if global_step // args.log_every > (global_step - N) // args.log_every or global_step >= args.total_timesteps:
+        last = global_step >= args.total_timesteps
+        if crossed(global_step, N, args.log_every) or last:
             if num_critic_stats:
                 qf1_loss, qf2_loss, qf1_values, actor_loss = stats.tolist()
                 writer.add_scalar("losses/qf1_loss", qf1_loss / num_critic_stats, global_step)
@@ -621,62 +597,299 @@ def main(args: Args) -> None:
                 if num_actor_stats:
                     writer.add_scalar("losses/actor_loss", actor_loss / num_actor_stats, global_step)
                 stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
-            sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            if time.time() - last_print > args.progress_interval or global_step >= args.total_timesteps:
-                last_print = time.time()
-                eta = (args.total_timesteps - global_step) / max(sps, 1)
-                mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                print(
-                    f"step {global_step:,}/{args.total_timesteps:,} ({100 * global_step / args.total_timesteps:.0f}%)"
-                    f" | SPS {sps:,} | return {mean_return} (last {len(recent_returns)} episodes)"
-                    f" | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
-                    flush=True,
-                )
+            progress.log(writer, global_step, global_step, force=last)
 
         # --- evaluation, checkpoint, stop requests ---
-        if args.eval_every and global_step // args.eval_every > (global_step - N) // args.eval_every:
-            t0 = time.time()
-            video = os.path.join(run_dir, "videos", f"eval_{global_step}.mp4") if args.capture_video else None
-            eval_returns = evaluate(actor, args, device, video)
-            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-            print(f"eval at step {global_step:,}: mean return {np.mean(eval_returns):.1f} over {len(eval_returns)} episodes")
-            eval_seconds += time.time() - t0
-        checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-        periodic = args.checkpoint_every and global_step // args.checkpoint_every > (global_step - N) // args.checkpoint_every
-        if periodic or stop:
-            save_checkpoint(checkpoint_path, checkpoint_state(args.save_buffer))
+        if crossed(global_step, N, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(actor, args, device, video_path(args, run_dir, global_step)), global_step)
+        if crossed(global_step, N, args.checkpoint_every) or stop:
+            save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                model=actor.state_dict(), target_actor=target_actor.state_dict(), critic=critic.state_dict(),
+                target_critic=target_critic.state_dict(), q_optimizer=q_optimizer.state_dict(),
+                actor_optimizer=actor_optimizer.state_dict(), replay_buffer=rb.state_dict() if args.save_buffer else None,
+                global_step=global_step, critic_updates=critic_updates,
+                rng=dict(rng_state(device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state()),
+            )  # fmt: skip
         if stop:
-            writer.close()
-            envs.close()
-            resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {checkpoint_path}"
-            print(f"stopped at step {global_step:,}; resume with: {resume}")
-            sys.exit(128 + stop[0])
-
-    envs.close()
-    writer.flush()
-    train_seconds = max(time.time() - start_time - eval_seconds, 1e-9)
-    print(
-        f"time: env steps {100 * env_seconds / train_seconds:.0f}%, acting {100 * act_seconds / train_seconds:.0f}%,"
-        f" updates {100 * update_seconds / train_seconds:.0f}%,"
-        f" replay writes and logging {100 * (1 - (env_seconds + act_seconds + update_seconds) / train_seconds):.0f}%"
-    )
+            if not args.save_buffer:
+                print(
+                    f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps"
+                )
+            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
 
     # --- final model: saved, reloaded from disk, evaluated ---
+    envs.close()
+    print(time_split(seconds, time.time() - progress.start_time - progress.paused_seconds))
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.algo}.model")
-        state = dict(args=dataclasses.asdict(args), run_name=run_name, model=actor.state_dict(), critic=critic.state_dict())
-        save_checkpoint(model_path, state)
-        state = load_checkpoint(model_path, args.env_id)
+        save_checkpoint(model_path, "model", args, run_dir, model=actor.state_dict(), critic=critic.state_dict())
+        state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_actor = Actor(obs_dim, action_space, args.hidden_size).to(device)
         eval_actor.load_state_dict(state["model"])
-        video = os.path.join(run_dir, "videos", "final.mp4") if args.capture_video else None
-        eval_returns = evaluate(eval_actor, args, device, video)
-        for r in eval_returns:  # all at the final step, one point per episode
-            writer.add_scalar("eval/episodic_return", r, global_step)
-        mean, std = np.mean(eval_returns), np.std(eval_returns)
-        print(f"evaluation of {model_path}: mean return {mean:.1f} +- {std:.1f} over {len(eval_returns)} episodes")
-        print(f"model: {model_path}")
+        log_final_eval(writer, evaluate(eval_actor, args, device, video_path(args, run_dir)), global_step, model_path)
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     writer.close()
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 

@@ -2,6 +2,7 @@
 learning."""
 
 import os
+import re
 import signal
 
 import envpool
@@ -71,10 +72,14 @@ def test_twin_critics_in_one_batched_pass_equal_two_separate_mlps():
     torch.testing.assert_close(critics(obs, actions, critics.first_critic_frozen())[0], q[0].detach())
 
 
-@pytest.mark.parametrize("algo, actor_steps", [("td3", [2, 4, 6]), ("ddpg", [1, 2, 3, 4, 5, 6])])
-def test_actor_and_targets_update_once_per_policy_frequency_critic_updates(algo, actor_steps):
+@pytest.mark.parametrize(
+    "algo, policy_frequency, actor_steps",
+    [("td3", None, [2, 4, 6]), ("ddpg", None, [2, 4, 6]), ("ddpg", 1, [1, 2, 3, 4, 5, 6])],
+)
+def test_actor_and_targets_update_once_per_policy_frequency_critic_updates(algo, policy_frequency, actor_steps):
     torch.manual_seed(0)
     args = td3.Args(**td3.ALGOS[algo], batch_size=16, hidden_size=8)
+    args.policy_frequency = policy_frequency or args.policy_frequency
     space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     actor, target_actor = td3.Actor(3, space, 8), td3.Actor(3, space, 8)
     critic = td3.Critics(3, 2, 8, 2 if args.twin_critics else 1)
@@ -192,10 +197,37 @@ def test_algo_and_family_presets_set_real_flags_and_a_given_flag_wins():
     assert (a.algo, a.twin_critics, a.policy_frequency, a.target_policy_smoothing) == ("td3", True, 2, True)
     assert (a.total_timesteps, a.learning_starts, a.buffer_size) == (1_000_000, 25_000, 1_000_000)
     d = td3.parse_args(["--env-id", "Hopper-v4", "--algo", "ddpg"])
-    assert (d.exp_name, d.twin_critics, d.policy_frequency, d.target_policy_smoothing) == ("ddpg", False, 1, False)
-    assert td3.parse_args(["--algo", "ddpg", "--policy-frequency", "2"]).policy_frequency == 2
+    assert (d.exp_name, d.twin_critics, d.policy_frequency, d.target_policy_smoothing) == ("ddpg", False, 2, False)
+    assert td3.parse_args(["--algo", "ddpg", "--policy-frequency", "1"]).policy_frequency == 1
     assert td3.parse_args(["--env-id", "Pendulum-v1"]).total_timesteps == td3.PRESETS["classic"]["total_timesteps"]
     assert td3.parse_args(["--env-id", "Pendulum-v1", "--preset", "mujoco"]).learning_starts == 25_000
+
+
+# The Args of CleanRL's ddpg_continuous_action.py and td3_continuous_action.py (github.com/vwxyzjn/cleanrl, cleanrl/,
+# read at commit 004f8a0), and their 256-256 networks; their published MuJoCo results are benchmark/ddpg_td3.sh's
+# references. CleanRL's DDPG delays its actor too (policy_frequency 2), and has no target smoothing noise.
+CLEANRL_DDPG = dict(
+    total_timesteps=1_000_000,
+    learning_rate=3e-4,
+    num_envs=1,
+    buffer_size=1_000_000,
+    gamma=0.99,
+    tau=0.005,
+    batch_size=256,
+    exploration_noise=0.1,
+    learning_starts=25_000,
+    policy_frequency=2,
+    hidden_size=256,
+    twin_critics=False,
+    target_policy_smoothing=False,
+)
+CLEANRL_TD3 = {**CLEANRL_DDPG, "twin_critics": True, "target_policy_smoothing": True, "policy_noise": 0.2, "noise_clip": 0.5}
+
+
+@pytest.mark.parametrize("algo, cleanrl", [("ddpg", CLEANRL_DDPG), ("td3", CLEANRL_TD3)])
+def test_mujoco_preset_holds_cleanrls_settings(algo, cleanrl):
+    args = td3.parse_args(["--env-id", "Hopper-v4", "--algo", algo])
+    assert {k: getattr(args, k) for k in cleanrl} == cleanrl
 
 
 def test_same_seed_same_run_on_cpu(tmp_path):
@@ -212,12 +244,41 @@ def test_same_seed_same_run_on_cpu(tmp_path):
         (["--env-id", "CartPole-v1"], r"needs Box actions; CartPole-v1 has Discrete\(2\).*use dqn.py"),
         (["--env-id", "Hoper-v4"], r"unknown env id 'Hoper-v4'.*did you mean Hopper-v4"),
         (["--learning-starts", "10"], r"--learning-starts 10 is less than --batch-size 256"),
+        (["--buffer-size", "100"], r"--buffer-size 100 is less than --batch-size 256"),
+        # the mujoco preset's 25k random steps on a short run: no gradient step would ever be taken
+        (["--total-timesteps", "20000"], r"--learning-starts 25000 is not below --total-timesteps 20000, so no gradient"),
+        (
+            ["--num-envs", "8", "--total-timesteps", "4", "--learning-starts", "2", "--batch-size", "2"],
+            r"less than one step of 8",
+        ),
+        (["--buffer-size", "100000000000"], r"replay buffer and networks need at least .* GiB, more than the .* GiB"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Walker2d-v4, not Hopper-v4; pass --env-id Walker2d-v4"),
     ],
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
     assert_one_error_line("ddpg_td3", run_bad_input("ddpg_td3", flags, tmp_path, "Walker2d-v4"), message)
+
+
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+
+@pytest.mark.parametrize(
+    "obs_space, action_space, message",
+    [
+        (BOX, gym.spaces.Discrete(2), r"needs Box actions; .* has Discrete\(2\): use dqn.py"),
+        (BOX, gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32), r"handles 1-D Box action spaces"),
+        (BOX, gym.spaces.Box(-np.inf, np.inf, (2,), np.float32), r"scales the actor's tanh output to the action bounds"),
+        (gym.spaces.Box(0, 255, (3, 84, 84), np.uint8), BOX, r"needs a vector observation"),
+        (gym.spaces.Dict(a=BOX), BOX, r"needs a vector observation"),
+    ],
+)
+def test_spaces_it_cannot_handle_get_one_clear_line(obs_space, action_space, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        td3.check_args(td3.Args(env_id="Some-v0"), obs_space, action_space)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddpg_td3.py: error: ") and re.search(message, lines[0]), lines
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])
