@@ -1,8 +1,9 @@
 """Tabular Q-learning (Watkins 1989; Sutton & Barto 2018, ch. 6.5) over many envs; benchmark: `bash benchmark/qlearning.sh`."""
 
-import argparse
+import contextlib
 import dataclasses
 import difflib
+import io
 import os
 import random
 import signal
@@ -49,7 +50,8 @@ class Args:
     progress_interval: float = 5.0
     """seconds between progress lines"""
     log_every: int = 10_000
-    """write the charts/ and losses/ scalars every this many env steps (episode returns: the mean of those that ended)"""
+    """write charts/SPS, the learning rate, epsilon, losses/td_error and eval/exact_return every this many env steps
+    (charts/episodic_return has one point per finished episode)"""
 
     # --- algorithm ---
     total_timesteps: int = 300_000
@@ -88,6 +90,27 @@ class Args:
     """total_timesteps // num_envs vector steps (computed)"""
 
 
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    log_every="[1, inf)",
+    total_timesteps="[1, inf)",
+    num_envs="[1, inf)",
+    gamma="[0, 1]",
+    learning_rate="(0, 1]",
+    end_learning_rate="(0, 1]",
+    start_e="[0, 1]",
+    end_e="[0, 1]",
+    exploration_fraction="[0, 1]",
+    max_episode_steps="[0, inf)",
+    bins="[1, inf)",
+    optimum_tolerance="[0, inf)",
+)
+
 # Defaults per env that reach the exact optimum (toy text) or a good return (discretised classic control); a flag
 # given on the command line wins. FrozenLake8x8: gamma 0.995 has the best greedy policy under its 200-step limit.
 # Taxi is deterministic, so a constant step size of 1 copies each target exactly (asynchronous value iteration).
@@ -105,10 +128,14 @@ PRESETS["CliffWalking-v1"] = PRESETS["CliffWalking-v0"]
 # gymnasium 1.4 renamed these; its transition tables (env.unwrapped.P) have the dynamics of envpool's envs
 GYMNASIUM_IDS = {"Taxi-v3": "Taxi-v4", "CliffWalking-v0": "CliffWalking-v1"}
 
+# The largest table: 2e8 entries are 1.6 GB of float64
+MAX_TABLE_ENTRIES = 2e8
 
-def fail(message: str):
-    """Bad input ends with one line on stderr and exit status 1, never a traceback."""
-    raise SystemExit(f"qlearning.py: error: {message}")
+
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults of the preset of the env the command line names (PRESETS; none for other envs)."""
+    env_id = flag_value(argv, "env_id", Args.env_id)
+    return Args(env_id=env_id, **PRESETS.get(env_id, {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,11 +148,15 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         return spec.observation_space, spec.action_space
     try:
         env = gym.make(env_id)
+    except ModuleNotFoundError:
+        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = envpool.list_all_envs() + list(gym.registry.keys())
+        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
         close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
         fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
     env.close()
     return spaces
@@ -247,14 +278,14 @@ def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
     high = np.asarray(obs_high if obs_high is not None else obs_space.high, dtype=np.float64).reshape(-1)
     dims = int(np.prod(obs_space.shape))
     if low.size != dims or high.size != dims:
-        fail(f"--obs-low and --obs-high need {dims} values each (one per observation dimension)")
-    if not (np.isfinite(low).all() and np.isfinite(high).all()):
+        fail(f"--obs-low and --obs-high need {dims} values each, one per dimension of {obs_space}; pass {dims} to each")
+    if (bad := np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))).size:
         fail(
-            f"the observation space {obs_space} is unbounded in some dimensions; give the grid's bounds with "
-            f"--obs-low and --obs-high ({dims} values each)"
+            f"the grid (its bounds are not finite in dimensions {bad.tolist()}) is unbounded in some dimensions; give "
+            f"the grid's bounds with --obs-low and --obs-high ({dims} values each)"
         )
-    if not (high > low).all():
-        fail("every --obs-high must be greater than its --obs-low")
+    if (bad := np.flatnonzero(~(high > low))).size:
+        fail(f"the grid is empty in dimensions {bad.tolist()} (high <= low); pass each --obs-high above its --obs-low")
     return Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
 
 
@@ -298,8 +329,9 @@ def q_update(q, states, actions, rewards, next_states, terminations, valid, gamm
     return td.abs().sum() / valid.sum().clamp(min=1.0)
 
 
-def linear_schedule(start: float, end: float, duration: float, t: int) -> float:
-    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule)."""
+def linear_interp(start: float, end: float, duration: float, t: int) -> float:
+    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule), in either direction;
+    duration 0 is end at once. Schedules both epsilon and the step size."""
     return start + (end - start) * min(t / max(duration, 1e-9), 1.0)
 
 
@@ -313,7 +345,15 @@ def greedy_actions(q: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 def transition_tables(env_id: str):
     """(P[s, a, s'], expected reward R[s, a], terminal mass T[s, a, s'], start distribution) from gymnasium's
-    env.unwrapped.P, or None where the env has none."""
+    env.unwrapped.P, or None where the env has none.
+
+    The start distribution is gymnasium's (initial_state_distrib), not sampled from envpool. envpool's FrozenLake,
+    FrozenLake8x8 and CliffWalking start in the same single state as gymnasium's. envpool's Taxi-v3 does not: it starts
+    uniformly over 400 states, gymnasium's 300 (passenger waiting away from the destination) and 100 more with the
+    passenger waiting at the destination. So on Taxi the exact optimum (7.93) and eval/exact_return are over
+    gymnasium's 300 start states, the published figure; over envpool's 400, which training and the sampled evaluation
+    start from, the optimum is 9.555. tests/test_qlearning.py checks this against envpool's resets.
+    """
     name = GYMNASIUM_IDS.get(env_id, env_id)
     try:
         env = gym.make(name).unwrapped
@@ -420,29 +460,8 @@ def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, titl
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Checkpoints and evaluation
+# Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write to a temporary file, then rename: a kill during the write never leaves a broken checkpoint."""
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str, env_id: str | None = None) -> dict:
-    if not os.path.isfile(path):
-        fail(f"checkpoint '{path}' does not exist; pass the checkpoint.pt or qlearning.model of an earlier run")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        fail(f"checkpoint '{path}' cannot be read ({type(e).__name__}: {e}); it is not a qlearning.py checkpoint")
-    if not isinstance(state, dict) or "q" not in state or "args" not in state:
-        fail(f"'{path}' is not a qlearning.py checkpoint (it has no table and args)")
-    if env_id is not None and state["args"]["env_id"] != env_id:
-        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
-    return state
-
-
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
     """Play one episode of the greedy policy on each of args.eval_episodes envs; returns the episodes' returns."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, args.max_episode_steps)
@@ -457,134 +476,81 @@ def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
     return returns
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Command line and training loop
-# ---------------------------------------------------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> Args:
-    """tyro CLI whose defaults are the env's preset, so that --help shows the values a run will use."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--env-id", "--env_id", dest="env_id", default=Args.env_id)
-    known, _ = pre.parse_known_args(argv)
-    defaults = Args(env_id=known.env_id, **PRESETS.get(known.env_id, {}))
-    return tyro.cli(Args, default=defaults, args=argv, description=__doc__)
-
-
-def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    if not isinstance(action_space, gym.spaces.Discrete):
-        fail(
-            f"qlearning.py needs a Discrete action space (a table has one column per action); {args.env_id} has {action_space}"
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Grid:
+    """What the ranges alone cannot tell: whether the env's spaces make a table of sensible size, and flags that only
+    make sense together. Returns the grid of the table's rows."""
+    env_id = args.env_id
+    if not isinstance(action_space, gym.spaces.Discrete) or action_space.start != 0:
+        instead = (
+            "use ppo.py or ddpg_td3.py" if isinstance(action_space, gym.spaces.Box) else "pick an env with Discrete actions"
         )
-    if not isinstance(obs_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        fail(f"qlearning.py needs a Discrete or Box observation space; {args.env_id} has {obs_space}")
-    if args.num_envs < 1 or args.eval_episodes < 1:
-        fail("--num-envs and --eval-episodes must be at least 1")
-    if args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs")
-    if not 0.0 < args.learning_rate <= 1.0 or not 0.0 < args.end_learning_rate <= 1.0:
-        fail("--learning-rate and --end-learning-rate must be in (0, 1]")
-    if not 0.0 <= args.gamma <= 1.0:
-        fail("--gamma must be in [0, 1]")
-    if isinstance(obs_space, gym.spaces.Box):
-        if args.bins < 1:
-            fail("--bins must be at least 1")
-        cells = float(args.bins) ** int(np.prod(obs_space.shape))
-        if cells * action_space.n > 2e8:
-            fail(
-                f"{args.bins} bins over {int(np.prod(obs_space.shape))} dimensions make a table of {cells:.3g} rows; "
-                "lower --bins"
-            )
-
-
-def main(args: Args) -> None:
-    # --- set-up ---
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, args.env_id)
-        ignored = [k for k, v in ckpt["args"].items() if k != "resume" and getattr(args, k) != v and k in Args.__annotations__]
-        if ignored and any(getattr(args, k) != getattr(Args(), k) for k in ignored):
-            print(f"resuming with the checkpoint's arguments; ignoring --{', --'.join(k.replace('_', '-') for k in ignored)}")
-        args = Args(**{**ckpt["args"], "resume": args.resume})
-    args.num_iterations = args.total_timesteps // max(args.num_envs, 1)
-    obs_space, action_space = env_spaces(args.env_id)
-    check_args(args, obs_space, action_space)
+        fail(
+            f"qlearning.py needs a Discrete action space (a table has one column per action); {env_id} has "
+            f"{action_space}; {instead}"
+        )
+    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
+        fail(f"qlearning.py cannot tabulate {env_id}'s {obs_space.shape} image observations; use dqn.py for images")
+    if not isinstance(obs_space, (gym.spaces.Discrete, gym.spaces.Box)) or getattr(obs_space, "start", 0) != 0:
+        fail(f"qlearning.py needs Discrete or Box observations (a table row each); {env_id} has {obs_space}; pick another env")
+    if isinstance(obs_space, gym.spaces.Discrete) and (args.obs_low is not None or args.obs_high is not None):
+        fail(f"--obs-low and --obs-high bound the grid over Box observations, and {env_id}'s are Discrete; leave them out")
     grid = make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
-    num_states = obs_space.n if grid.bins == 0 else grid.num_states
-    safe_id = args.env_id.replace("/", "-").replace(":", "-")
-    run_name = ckpt["run_name"] if ckpt else f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
+    # exact integers: a grid of bins ** dims rows can be far beyond any float
+    rows = int(obs_space.n) if not grid.bins else grid.num_states
+    if rows * int(action_space.n) > MAX_TABLE_ENTRIES:
+        size = f"{obs_space.n:,}" if not grid.bins else f"{args.bins}^{len(grid.low)}"
+        fix = "lower --bins, or use dqn.py" if grid.bins else "use dqn.py"
+        fail(f"a table of {size} rows x {action_space.n} actions is beyond {MAX_TABLE_ENTRIES:.0e} entries; {fix}")
+    args.num_iterations = args.total_timesteps // args.num_envs
+    if args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs; raise it")
+    return grid
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    q = torch.zeros((num_states, action_space.n), dtype=torch.float64, device=device)
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: every check before the run directory is made ---
+    obs_space, action_space = env_spaces(args.env_id)
+    grid = check_args(args, obs_space, action_space)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
+    device = seed_and_device(args)
+
+    q = torch.zeros((obs_space.n if not grid.bins else grid.num_states, action_space.n), dtype=torch.float64, device=device)
     global_step, start_iteration = 0, 1
     if ckpt:
         q.copy_(ckpt["q"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        restore_rng(ckpt["rng"], device)
         print(f"resumed {run_dir} at step {global_step:,}")
+    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    progress = Progress(args, global_step, args.total_timesteps)
+    stop = stop_requests()
 
-    # exact evaluation where gymnasium has the transition table: the optimum and the greedy policy's value
+    # exact evaluation where gymnasium has the transition table (toy text): the optimum and the greedy policy's value,
+    # from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)
     limit = env_time_limit(args.env_id)
     horizon = min([h for h in (limit, args.max_episode_steps) if h], default=None)
-    tables = transition_tables(args.env_id) if grid.bins == 0 and horizon else None
+    tables = transition_tables(args.env_id) if not grid.bins and horizon else None
     optimum = exact_return(tables, None, horizon) if tables else None
     if optimum is not None:
         print(f"exact optimum over the {horizon}-step horizon (value iteration on gymnasium's table): {optimum:.4f}")
 
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
-    if not ckpt:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, args.num_envs, args.seed + global_step, args.max_episode_steps)
-
-    def checkpoint_state(iteration: int) -> dict:
-        rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
-        rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-        return dict(
-            args=dataclasses.asdict(args),
-            run_name=run_name,
-            q=q.cpu(),
-            grid=dataclasses.asdict(grid),
-            global_step=global_step,
-            iteration=iteration,
-            rng=rng,
-        )
-
-    # Ctrl-C and SIGTERM finish the current step, write a checkpoint and exit; a second one kills at once
-    stop = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-
     N = args.num_envs
     next_obs = discretise(torch.as_tensor(envs.reset()[0], device=device), grid)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    window_returns, window_lengths, recent_returns = [], [], []
     td_sum, td_count = torch.zeros((), dtype=torch.float64, device=device), 0
-    reached = None
-    start_time, start_step, eval_seconds, last_print = time.time(), global_step, 0.0, 0.0
+    reached = None  # (step, training seconds) from which the greedy policy stays within the tolerance of the optimum
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         global_step += N
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
-        lr = linear_schedule(args.learning_rate, args.end_learning_rate, args.total_timesteps, global_step)
+        epsilon = linear_interp(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+        lr = linear_interp(args.learning_rate, args.end_learning_rate, args.total_timesteps, global_step)
         lr = lr if args.lr_decay else args.learning_rate
 
         # --- act: epsilon-greedy ---
@@ -601,68 +567,42 @@ def main(args: Args) -> None:
         td_count += 1
 
         ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
-        if len(fin_returns):
-            window_returns += fin_returns.tolist()
-            window_lengths += fin_lengths.tolist()
-            recent_returns = (recent_returns + fin_returns.tolist())[-100:]
+        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
         next_valid = ~done
 
         # --- logging: every log_every env steps, one host sync ---
         last = iteration == args.num_iterations
-        if global_step // args.log_every > (global_step - N) // args.log_every or last:
-            if window_returns:  # one point per window, not per episode: thousands of episodes end per second
-                writer.add_scalar("charts/episodic_return", float(np.mean(window_returns)), global_step)
-                writer.add_scalar("charts/episodic_length", float(np.mean(window_lengths)), global_step)
-                window_returns, window_lengths = [], []
-            sps = int((global_step - start_step) / max(time.time() - start_time - eval_seconds, 1e-9))
-            writer.add_scalar("charts/SPS", sps, global_step)
+        if crossed(global_step, N, args.log_every) or last:
             writer.add_scalar("charts/learning_rate", lr, global_step)
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             writer.add_scalar("losses/td_error", (td_sum / max(td_count, 1)).item(), global_step)
             td_sum.zero_()
             td_count = 0
+            exact = ""
             if tables is not None:
-                t0 = time.time()
-                greedy = exact_return(tables, q.argmax(1).cpu().numpy(), horizon)
-                eval_seconds += time.time() - t0
+                with progress.paused():
+                    greedy = exact_return(tables, q.argmax(1).cpu().numpy(), horizon)
                 writer.add_scalar("eval/exact_return", greedy, global_step)
-                # the first step from which the greedy policy stays within the tolerance until the end
+                exact = f" | greedy exact {greedy:.4f} of {optimum:.4f}"
                 if optimum - greedy > args.optimum_tolerance:
                     reached = None
                 elif reached is None:
-                    reached = (global_step, time.time() - start_time - eval_seconds)
-            if time.time() - last_print > args.progress_interval or last:
-                last_print = time.time()
-                eta = (args.total_timesteps - global_step) / max(sps, 1)
-                mean_return = f"{np.mean(recent_returns):.3f}" if recent_returns else "n/a"
-                exact = f" | greedy exact {greedy:.4f} of {optimum:.4f}" if tables is not None else ""
-                print(
-                    f"step {global_step:,}/{args.total_timesteps:,} ({100 * global_step / args.total_timesteps:.0f}%)"
-                    f" | SPS {sps:,} | return {mean_return} (last {len(recent_returns)} episodes){exact}"
-                    f" | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
-                    flush=True,
-                )
+                    reached = (global_step, time.time() - progress.start_time - progress.paused_seconds)
+            progress.log(writer, global_step, global_step, exact, force=last)
 
         # --- evaluation, checkpoint, stop requests ---
-        if args.eval_every and global_step // args.eval_every > (global_step - N) // args.eval_every:
-            t0 = time.time()
-            eval_returns = evaluate(q, grid, args)
-            writer.add_scalar("eval/episodic_return", float(np.mean(eval_returns)), global_step)
-            print(f"eval at step {global_step:,}: mean return {np.mean(eval_returns):.3f} over {len(eval_returns)} episodes")
-            eval_seconds += time.time() - t0
-        checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-        periodic = args.checkpoint_every and global_step // args.checkpoint_every > (global_step - N) // args.checkpoint_every
-        if periodic or stop:
-            save_checkpoint(checkpoint_path, checkpoint_state(iteration))
+        if crossed(global_step, N, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(q, grid, args), global_step)
+        if crossed(global_step, N, args.checkpoint_every) or stop:
+            save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, q=q.cpu(),
+                grid=dataclasses.asdict(grid), global_step=global_step, iteration=iteration, rng=rng_state(device),
+            )  # fmt: skip
         if stop:
-            writer.close()
-            envs.close()
-            resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {checkpoint_path}"
-            print(f"stopped at step {global_step:,}; resume with: {resume}")
-            sys.exit(128 + stop[0])
+            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
 
     envs.close()
-    writer.flush()
     if reached is not None:
         print(
             f"greedy policy within {args.optimum_tolerance} of the optimum from step {reached[0]:,} on "
@@ -683,20 +623,275 @@ def main(args: Args) -> None:
     # --- final table: saved, reloaded from disk, evaluated ---
     if args.save_model:
         model_path = os.path.join(run_dir, "qlearning.model")
-        save_checkpoint(
-            model_path, dict(args=dataclasses.asdict(args), run_name=run_name, q=q.cpu(), grid=dataclasses.asdict(grid))
-        )
-        state = load_checkpoint(model_path, args.env_id)
+        save_checkpoint(model_path, "model", args, run_dir, q=q.cpu(), grid=dataclasses.asdict(grid))
+        state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_q = state["q"].to(device)
         eval_returns = evaluate(eval_q, Grid(**state["grid"]), args)
-        for r in eval_returns[:1000]:  # all at the final step, one point per episode
-            writer.add_scalar("eval/episodic_return", r, global_step)
-        mean, std = np.mean(eval_returns), np.std(eval_returns)
-        print(f"evaluation of {model_path}: mean return {mean:.3f} +- {std:.3f} over {len(eval_returns)} episodes")
         if tables is not None:
             exact = exact_return(tables, eval_q.argmax(1).cpu().numpy(), horizon)
-            print(f"exact return of its greedy policy: {exact:.4f} (optimum {optimum:.4f})")
-        print(f"model: {model_path}")
+            print(f"exact return of the reloaded table's greedy policy: {exact:.4f} (optimum {optimum:.4f})")
+        log_final_eval(writer, eval_returns, global_step, model_path)
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     writer.close()
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 

@@ -1,8 +1,11 @@
 """qlearning.py: the update by hand, the exact optimum on toy text (computed here by value iteration on gymnasium's
-transition tables), the discretiser, the episode cap, seeding, save + reload, bad input, stop and resume."""
+transition tables) and the start states it assumes, the discretiser, the episode cap, one logged point per episode,
+seeding, save + reload, bad input, stop and resume."""
 
+import os
 import re
 import signal
+import textwrap
 
 import gymnasium as gym
 import numpy as np
@@ -138,6 +141,32 @@ def test_envpool_toy_text_has_the_dynamics_of_gymnasiums_tables():
         envs.close()
 
 
+def test_exact_returns_start_states_are_envpools_as_transition_tables_says():
+    """transition_tables takes gymnasium's start distribution. envpool's FrozenLakes and CliffWalking start in its single
+    start state; envpool's Taxi-v3 starts uniformly over gymnasium's 300 start states and the 100 where the passenger
+    waits at the destination, so its optimum over envpool's starts is 9.555, not 7.93. 8,000 seeded resets: each of
+    the 400 Taxi states is expected 20 times (one missing by chance: 400 * e^-20)."""
+    taxi = gym.make("Taxi-v4").unwrapped
+    at_destination = [s for s in range(500) if taxi.decode(s)[2] == taxi.decode(s)[3]]
+    for env_id in ("FrozenLake-v1", "FrozenLake8x8-v1", "CliffWalking-v0", "Taxi-v3"):
+        tables = qlearning.transition_tables(env_id)
+        start = tables[3]
+        envs = qlearning.make_env(env_id, 8000, seed=0)
+        counts = np.bincount(envs.reset()[0], minlength=len(start))
+        envs.close()
+        if env_id != "Taxi-v3":
+            assert start.max() == 1.0 and counts.tolist() == (8000 * start).astype(int).tolist(), env_id
+            continue
+        assert len(at_destination) == 100 and (start[at_destination] == 0).all()
+        support = np.flatnonzero(counts)
+        assert support.tolist() == sorted(np.flatnonzero(start).tolist() + at_destination)
+        chi2 = ((counts[support] - 20.0) ** 2 / 20.0).sum()
+        assert chi2 < 399 + 5 * np.sqrt(2 * 399)  # uniform over the 400: 399 degrees of freedom, 5 standard deviations
+        envpool_start = counts / counts.sum()
+        assert qlearning.exact_return(tables, None, 200) == pytest.approx(7.93)
+        assert qlearning.exact_return(tables[:3] + (envpool_start,), None, 200) == pytest.approx(9.555, abs=0.05)
+
+
 def test_frozenlake_greedy_policy_within_002_of_the_exact_optimum(tmp_path):
     """Slippery 4x4, 100-step limit: the optimum success probability is 0.744 (a time-dependent policy); the best
     greedy policy of a discounted table, 0.7402. Seeds 1-5 all end at 0.7402 with the defaults (300k steps), and
@@ -233,6 +262,30 @@ def test_box_observations_train_save_reload_and_evaluate(env_id, flags, states, 
         assert [s for s, _, _ in scalars(run)["eval/episodic_return"]] == [10048] + [19968] * 5
 
 
+def test_episodic_return_is_one_point_per_finished_episode(tmp_path):
+    """FrozenLake's return is 0 or 1 per episode; a mean over a logging window would be a fraction, one per window."""
+    total, log_every = 6400, 3200  # 100 vector steps of 64 envs, two logging windows
+    run_algorithm("qlearning", "--total-timesteps", str(total), "--log-every", str(log_every), cwd=tmp_path)
+    run = only_run(tmp_path)
+    returns, lengths = scalars(run)["charts/episodic_return"], scalars(run)["charts/episodic_length"]
+    assert [s for s, _, _ in returns] == [s for s, _, _ in lengths]
+    assert len(returns) > 100 and {v for _, v, _ in returns} <= {0.0, 1.0}
+    assert all(s % 64 == 0 and 0 < s <= total for s, _, _ in returns)
+    assert all(v == int(v) and 1 <= v <= 100 for _, v, _ in lengths)  # whole episodes under the 100-step limit
+    # each env's 100 steps: its finished episodes, a reset step after each, and the unfinished one (< 100 steps)
+    assert total - 64 * 100 < sum(v for _, v, _ in lengths) + len(lengths) <= total + 64
+
+
+def test_resume_report_names_only_the_given_flags_that_differ(tmp_path):
+    """The computed num_iterations differs between a parsed command line (0) and a checkpoint's args: never listed."""
+    run_algorithm("qlearning", "--total-timesteps", "6400", "--checkpoint-every", "6400", cwd=tmp_path)
+    checkpoint = str(only_run(tmp_path) / "checkpoint.pt")
+    resumed = run_algorithm("qlearning", "--resume", checkpoint, "--gamma", "0.5", "--seed", "1", cwd=tmp_path)
+    assert "ignoring --gamma from the command line" in resumed.stdout and "num-iterations" not in resumed.stdout
+    tyro_error = run_algorithm("qlearning", "--num-iterations", "5", cwd=tmp_path, check=False)
+    assert_one_error_line("qlearning", tyro_error, r"Unrecognized options: --num-iterations")  # not a flag
+
+
 def test_same_seed_same_run_on_cpu(tmp_path):
     def read(run):
         table = torch.load(run / "qlearning.model", weights_only=False)["q"]
@@ -244,19 +297,49 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     assert runs[0] != runs[2]
 
 
+# Spaces a table cannot hold, for the bad-input table below (a module on PYTHONPATH, as 'odd_spaces:TupleObs-v0')
+ODD_SPACES = textwrap.dedent(
+    """
+    import gymnasium as gym
+
+    class TupleObs(gym.Env):
+        observation_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(2)))
+        action_space = gym.spaces.Discrete(2)
+
+    class MultiDiscreteActions(gym.Env):
+        observation_space = gym.spaces.Discrete(3)
+        action_space = gym.spaces.MultiDiscrete([2, 2])
+
+    gym.register("TupleObs-v0", entry_point=TupleObs)
+    gym.register("MultiDiscreteActions-v0", entry_point=MultiDiscreteActions)
+    """
+)
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--env-id", "Pendulum-v1"], r"needs a Discrete action space .*Pendulum-v1 has Box"),
+        (["--env-id", "Pendulum-v1"], r"needs a Discrete action space .*Pendulum-v1 has Box.*; use ppo.py or ddpg_td3.py"),
+        (["--env-id", "odd_spaces:MultiDiscreteActions-v0"], r"needs a Discrete action space .*has MultiDiscrete"),
+        (["--env-id", "Breakout-v5"], r"cannot tabulate Breakout-v5's \(4, 84, 84\) image observations; use dqn.py"),
+        (["--env-id", "odd_spaces:TupleObs-v0"], r"needs Discrete or Box observations .*has Tuple"),
         (["--env-id", "FrozenLak-v1"], r"unknown env id 'FrozenLak-v1'.*did you mean FrozenLake-v1"),
         (["--env-id", "CartPole-v1", "--obs-low", "-1", "-1", "-1", "-1", "--obs-high", "1", "inf", "1", "1"],
          r"unbounded in some dimensions; give the grid's bounds with --obs-low and --obs-high \(4 values each\)"),
+        (["--env-id", "CartPole-v0"], r"not finite in dimensions \[1, 3\]\) is unbounded in some dimensions"),
+        (["--env-id", "MountainCar-v0", "--obs-low", "0", "--obs-high", "1"], r"need 2 values each"),
+        (["--env-id", "MountainCar-v0", "--obs-low", "0", "0", "--obs-high", "0", "1"], r"empty in dimensions \[0\]"),
+        (["--obs-low", "0", "--obs-high", "1"], r"FrozenLake-v1's are Discrete; leave them out"),
+        (["--env-id", "Acrobot-v1", "--bins", "1000000"], r"1000000\^6 rows x 3 actions is beyond 2e\+08 entries; lower"),
+        (["--total-timesteps", "63"], r"--total-timesteps 63 is less than one step of the 64 envs"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Taxi-v3, not FrozenLake-v1; pass --env-id Taxi-v3"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    assert_one_error_line("qlearning", run_bad_input("qlearning", flags, tmp_path, "Taxi-v3"), message)
+    (tmp_path / "odd_spaces.py").write_text(ODD_SPACES)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    assert_one_error_line("qlearning", run_bad_input("qlearning", flags, tmp_path, "Taxi-v3", env=env), message)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
