@@ -536,7 +536,9 @@ def main(args: Args) -> None:
     tables = transition_tables(args.env_id) if not grid.bins and horizon else None
     optimum = exact_return(tables, None, horizon) if tables else None
     if optimum is not None:
-        print(f"exact optimum over the {horizon}-step horizon (value iteration on gymnasium's table): {optimum:.4f}")
+        print(
+            f"exact optimum over {horizon} steps from gymnasium's start states (value iteration on its table): {optimum:.4f}"
+        )
 
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, args.num_envs, args.seed + global_step, args.max_episode_steps)
@@ -578,17 +580,17 @@ def main(args: Args) -> None:
             writer.add_scalar("losses/td_error", (td_sum / max(td_count, 1)).item(), global_step)
             td_sum.zero_()
             td_count = 0
-            exact = ""
+            exact_text = ""
             if tables is not None:
                 with progress.paused():
                     greedy = exact_return(tables, q.argmax(1).cpu().numpy(), horizon)
                 writer.add_scalar("eval/exact_return", greedy, global_step)
-                exact = f" | greedy exact {greedy:.4f} of {optimum:.4f}"
+                exact_text = f" | greedy exact {greedy:.4f} of {optimum:.4f}"
                 if optimum - greedy > args.optimum_tolerance:
                     reached = None
                 elif reached is None:
                     reached = (global_step, time.time() - progress.start_time - progress.paused_seconds)
-            progress.log(writer, global_step, global_step, exact, force=last)
+            progress.log(writer, global_step, global_step, exact_text, force=last)
 
         # --- evaluation, checkpoint, stop requests ---
         if crossed(global_step, N, args.eval_every):
