@@ -15,9 +15,9 @@
 #   Walker2d-v4       1M     ddpg  1240.16 +- 390.10   CleanRL ddpg_continuous_action.py
 #   Hopper-v4         1M     ddpg  1576.78 +- 818.98   CleanRL ddpg_continuous_action.py
 #
-# CleanRL's ddpg_continuous_action.py delays its actor and target updates too (policy_frequency 2), so the ddpg runs
-# below add --policy-frequency 2 to the ddpg preset (which is the DDPG of Fujimoto et al. 2018's "OurDDPG": every
-# step). CleanRL's figures are the mean return of the last training episodes (the report's score).
+# CleanRL's ddpg_continuous_action.py delays its actor and target updates too (policy_frequency 2), and so does
+# --algo ddpg (--policy-frequency 1 gives the every-step DDPG of Lillicrap et al. 2016 and Fujimoto et al. 2018's
+# "OurDDPG"). CleanRL's figures are the mean return of the last training episodes (the report's score).
 # benchmark/report.py looks references up by (script, env), and by (script:algo, env) first for runs given --algo:
 # the td3 rows are keyed ddpg_td3, the ddpg rows ddpg_td3:ddpg.
 #
@@ -38,7 +38,7 @@ if [[ $family == td3 || $family == mujoco ]]; then
   bench ddpg_td3 ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 --save-model
 fi
 if [[ $family == ddpg || $family == mujoco ]]; then
-  bench ddpg_td3 ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg --policy-frequency 2 --save-model
+  bench ddpg_td3 ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg --save-model
 fi
 if [[ $family == pendulum ]]; then
   bench ddpg_td3 ddpg_td3_td3_pendulum Pendulum-v1 -- --algo td3 --save-model

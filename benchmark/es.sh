@@ -18,8 +18,9 @@
 #                                           references.csv as a return at a step count
 #   (* --preset auto picks mujoco for Box actions; Pendulum runs with the classic 32-32 network instead)
 #
-# What to compare: `charts/episodic_return` is the mean fitness of the generation's perturbed population (what
-# report.py averages), `charts/max_return` its best member, `eval/episodic_return` the unperturbed mean policy
+# What to compare: `charts/episodic_return` is one perturbed member's episode (population-size points per
+# generation; report.py averages the last 100), `charts/population_mean_return` the generation's mean fitness,
+# `charts/max_return` its best member, `eval/episodic_return` the unperturbed mean policy
 # every --eval-every generations and, with --save-model, the final reloaded model's episodes. The paper reports
 # the mean policy.
 #

@@ -23,6 +23,9 @@ DIFFERENT = {
     "evaluate": "each algorithm's policy",
     "make_env": "each algorithm's env options (Atari wrappers, backend, episode cap)",
     "can_render": "imports its own module and calls its own make_env",
+    "ReplayBuffer": "dqn.py stores each Atari frame once per env and restacks; ddpg_td3.py keeps flat vectors on the device",
+    "select_actions": "epsilon-greedy (dqn.py) against Gaussian exploration noise (ddpg_td3.py)",
+    "td_target": "max or Double-DQN argmax (dqn.py) against the minimum over critics (ddpg_td3.py)",
 }
 
 
