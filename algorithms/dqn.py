@@ -377,8 +377,8 @@ class ReplayBuffer:
 # Networks
 # ---------------------------------------------------------------------------------------------------------------
 # No orthogonal layer_init here: CleanRL's dqn.py and dqn_atari.py keep PyTorch's default nn.Linear / nn.Conv2d
-# initialisation (kaiming-uniform weights, biases uniform in +-1/sqrt(fan_in)), and theirs are the results the
-# presets reproduce (ddpg_td3.py does the same for TD3).
+# initialisation (weights and biases uniform in +-1/sqrt(fan_in)), and theirs are the results the presets reproduce
+# (ddpg_td3.py does the same for TD3).
 class QNetwork(nn.Module):
     """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP (CleanRL
     dqn.py) for vector observations."""
@@ -398,8 +398,7 @@ class QNetwork(nn.Module):
             )
             with torch.no_grad():
                 n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
-            self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU())
-            self.network.append(nn.Linear(512, n_actions))
+            self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, n_actions))
             self.scale = 1.0 / 255.0
         else:
             # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
