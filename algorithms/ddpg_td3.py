@@ -352,7 +352,8 @@ def td_target(rewards, terminations, next_q, gamma: float):
 
 
 def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters."""
+    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
+    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 

@@ -449,14 +449,11 @@ def q_loss(q_values, actions, targets, loss: str):
     return value, q_taken.mean()
 
 
-def soft_update(target_network: nn.Module, q_network: nn.Module, tau: float) -> None:
-    """target <- tau * online + (1 - tau) * target; tau = 1 is the hard copy of Mnih et al. 2015."""
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
+    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
     with torch.no_grad():
-        for t, q in zip(target_network.parameters(), q_network.parameters(), strict=True):
-            if tau < 1.0:
-                t.mul_(1.0 - tau).add_(q, alpha=tau)
-            else:
-                t.copy_(q)
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
 def exploration_and_replay_rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:

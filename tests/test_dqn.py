@@ -68,7 +68,7 @@ def test_linear_schedule_and_target_updates():
     dqn.soft_update(target, online, 0.25)
     torch.testing.assert_close(target.weight, 0.25 * online.weight + 0.75 * before)
     dqn.soft_update(target, online, 1.0)
-    torch.testing.assert_close(target.weight, online.weight)
+    assert torch.equal(target.weight, online.weight) and torch.equal(target.bias, online.bias)  # an exact copy
 
 
 @pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
