@@ -22,10 +22,10 @@ run: install
 	$(PYTHON) algorithms/ppo.py --env-id CartPole-v1 --save-model
 
 test: install
-	$(PYTHON) -m pytest tests -q
+	$(PYTHON) -m pytest tests -q -n auto
 
 test-fast: install
-	$(PYTHON) -m pytest tests -q -m "not learning"
+	$(PYTHON) -m pytest tests -q -n auto -m "not learning"
 
 # a small real benchmark end to end: 2 envs x 2 seeds of PPO at 50k steps, then its plots and table
 bench: install

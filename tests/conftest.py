@@ -1,11 +1,15 @@
 """Helpers shared by every test: load an algorithm's functions, run it end to end, read what it logged."""
 
+import contextlib
+import functools
 import importlib.util
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -14,10 +18,13 @@ import torch
 from tblog import read_scalars
 
 ROOT = Path(__file__).resolve().parent.parent
+# pytest-xdist runs one test per core; the tests' own torch work is small, and more threads would only spin
+torch.set_num_threads(1)
 
 
+@functools.cache
 def load_algorithm(name: str):
-    """Import algorithms/<name>.py as a module (the scripts are not a package, on purpose)."""
+    """Import algorithms/<name>.py as a module (the scripts are not a package, on purpose), once per test session."""
     spec = importlib.util.spec_from_file_location(f"algorithms_{name}", ROOT / "algorithms" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # tyro reads the Args docstrings through the module's source
@@ -87,13 +94,40 @@ def with_foreign_checkpoint(flags: list[str], cwd: Path, env_id: str, script: st
 
 
 def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, env=None) -> subprocess.CompletedProcess:
-    """Run algorithms/<name>.py with bad flags (FOREIGN: a checkpoint of foreign_env_id), letting it fail."""
+    """Run algorithms/<name>.py with bad flags (FOREIGN: a checkpoint of foreign_env_id), letting it fail, and return
+    its exit status and output as a subprocess's. It runs parse_args and main in this process, in cwd, with env's
+    PYTHONPATH importable: bad input ends before training, and a subprocess would add seconds of imports per case.
+    An input that is not refused would train, so an alarm ends it after SMOKE_TIMEOUT seconds as a failure."""
     flags = with_foreign_checkpoint(flags, cwd, foreign_env_id, f"{name}.py")
     before = run_dirs(cwd) if (cwd / "runs").is_dir() else []
-    proc = run_algorithm(name, *flags, cwd=cwd, check=False, env=env)
-    if proc.returncode != 0:  # bad input never leaves a run directory behind
-        assert (run_dirs(cwd) if (cwd / "runs").is_dir() else []) == before, proc.stderr
-    return proc
+    module, out, err, code = load_algorithm(name), io.StringIO(), io.StringIO(), 0
+    saved = os.getcwd(), list(sys.path), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def too_long(_signum, _frame):
+        raise TimeoutError(f"{name}.py {' '.join(flags)} was not refused: it trained for {SMOKE_TIMEOUT} s")
+
+    signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(SMOKE_TIMEOUT)
+    try:
+        os.chdir(cwd)
+        sys.path[:0] = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                module.main(module.parse_args(flags))
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        signal.alarm(0)
+        os.chdir(saved[0])
+        sys.path[:] = saved[1]
+        for s, handler in saved[2].items():
+            signal.signal(s, handler)
+    if code != 0:  # bad input never leaves a run directory behind
+        assert (run_dirs(cwd) if (cwd / "runs").is_dir() else []) == before, err.getvalue()
+    return subprocess.CompletedProcess([name, *flags], code, out.getvalue(), err.getvalue())
 
 
 def assert_one_error_line(name: str, proc: subprocess.CompletedProcess, message: str) -> None:
