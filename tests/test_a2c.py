@@ -281,11 +281,11 @@ def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):
 # Learning
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.learning
-def test_a2c_cartpole_reaches_475_with_the_classic_defaults(tmp_path):
-    """Measured on 2 shared CPU cores with the default 500k steps: seeds 1-5 all end at a mean of 500.0 over the last
-    20 episodes and first reach 475 between 64k and 127k steps. A2C on CartPole falls back now and then (seeds 2 and 3
-    dropped to a mean under 50 after reaching 475); the mean is last under 475 at 120k, 159k, 438k, 131k and 138k
-    steps for seeds 1-5. Seed 1 therefore has 380k steps of slack, the worst seed (3) 62k."""
-    run_algorithm("a2c", "--seed", "1", cwd=tmp_path, timeout=900)
-    returns = values(only_run(tmp_path), "charts/episodic_return")
-    assert len(returns) >= 20 and np.mean(returns[-20:]) >= 475
+def test_a2c_cartpole_reaches_475_within_200k_steps(tmp_path):
+    """The classic preset does not anneal its learning rate, so a 200k-step run is the first 200k steps of the 500k
+    benchmark run. Measured on 2 CPU cores (one thread): seeds 1-5 first reach a 20-episode mean of 475 at 130,008 /
+    64,080 / 108,464 / 92,208 / 127,512 steps, so the worst seed has 70k steps of slack. About 30 s here."""
+    run_algorithm("a2c", "--seed", "1", "--total-timesteps", "200000", cwd=tmp_path, timeout=900)
+    returns = np.array(values(only_run(tmp_path), "charts/episodic_return"))
+    means = np.convolve(returns, np.ones(20) / 20, mode="valid")
+    assert len(means) and means.max() >= 475, f"best 20-episode mean {means.max() if len(means) else None}"
