@@ -625,12 +625,11 @@ def main(args: Args) -> None:
         # --- logging: one host sync per log interval, since 5-step rollouts make an iteration short ---
         last = iteration == args.num_iterations
         if iteration % args.log_interval == 0 or last or stop:
-            names = ("policy_loss", "value_loss", "entropy")
-            for name, value in zip(names, (stats / num_updates).tolist(), strict=True):
+            names = ("policy_loss", "value_loss", "entropy", "explained_variance")
+            logged = torch.cat([stats / num_updates, explained_variance(b_values, b_returns, b_valid).reshape(1)])
+            for name, value in zip(names, logged.tolist(), strict=True):
                 writer.add_scalar(f"losses/{name}", value, global_step)
             stats, num_updates = torch.zeros(3, device=device), 0
-            ev = explained_variance(b_values, b_returns, b_valid).item()
-            writer.add_scalar("losses/explained_variance", ev, global_step)
             writer.add_scalar("charts/learning_rate", lr, global_step)
             progress.log(writer, global_step, global_step, force=last)
 

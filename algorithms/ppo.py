@@ -634,10 +634,10 @@ def main(args: Args) -> None:
                 break
 
         # --- logging: one host sync per iteration ---
-        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
-        for name, value in zip(names, (stats / num_updates).tolist(), strict=True):
+        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+        logged = torch.cat([stats / num_updates, explained_variance(b_values, b_returns, b_valid).reshape(1)])
+        for name, value in zip(names, logged.tolist(), strict=True):
             writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(b_values, b_returns, b_valid).item(), global_step)
         writer.add_scalar("charts/learning_rate", lr, global_step)
         progress.log(writer, global_step, global_step, force=iteration == args.num_iterations)
 
