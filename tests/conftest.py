@@ -93,27 +93,24 @@ def with_foreign_checkpoint(flags: list[str], cwd: Path, env_id: str, script: st
     return [write_foreign_checkpoint(cwd / "foreign.pt", env_id, script) if f == "FOREIGN" else f for f in flags]
 
 
-def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, env=None) -> subprocess.CompletedProcess:
-    """Run algorithms/<name>.py with bad flags (FOREIGN: a checkpoint of foreign_env_id), letting it fail, and return
-    its exit status and output as a subprocess's. It runs parse_args and main in this process, in cwd, with env's
-    PYTHONPATH importable: bad input ends before training, and a subprocess would add seconds of imports per case.
-    An input that is not refused would train, so an alarm ends it after SMOKE_TIMEOUT seconds as a failure."""
-    flags = with_foreign_checkpoint(flags, cwd, foreign_env_id, f"{name}.py")
-    before = run_dirs(cwd) if (cwd / "runs").is_dir() else []
+def run_in_process(name: str, call, cwd: Path, paths=()) -> subprocess.CompletedProcess:
+    """call(module of algorithms/<name>.py) in this process, in cwd, with paths importable, and its exit status and
+    output as a subprocess's: bad input ends before training, and a subprocess would add seconds of imports per case.
+    A call that is not refused would train, so an alarm ends it after SMOKE_TIMEOUT seconds as a failure."""
     module, out, err, code = load_algorithm(name), io.StringIO(), io.StringIO(), 0
     saved = os.getcwd(), list(sys.path), {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def too_long(_signum, _frame):
-        raise TimeoutError(f"{name}.py {' '.join(flags)} was not refused: it trained for {SMOKE_TIMEOUT} s")
+        raise TimeoutError(f"{name}.py was not refused: it ran for {SMOKE_TIMEOUT} s")
 
     signal.signal(signal.SIGALRM, too_long)
     signal.alarm(SMOKE_TIMEOUT)
     try:
         os.chdir(cwd)
-        sys.path[:0] = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = list(paths)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                module.main(module.parse_args(flags))
+                call(module)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
             except Exception:
@@ -125,9 +122,19 @@ def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, e
         sys.path[:] = saved[1]
         for s, handler in saved[2].items():
             signal.signal(s, handler)
-    if code != 0:  # bad input never leaves a run directory behind
-        assert (run_dirs(cwd) if (cwd / "runs").is_dir() else []) == before, err.getvalue()
-    return subprocess.CompletedProcess([name, *flags], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess([name], code, out.getvalue(), err.getvalue())
+
+
+def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, env=None) -> subprocess.CompletedProcess:
+    """Run algorithms/<name>.py's parse_args and main with bad flags (FOREIGN: a checkpoint of foreign_env_id) in this
+    process, with env's PYTHONPATH importable, letting it fail; bad input never leaves a run directory behind."""
+    flags = with_foreign_checkpoint(flags, cwd, foreign_env_id, f"{name}.py")
+    before = run_dirs(cwd) if (cwd / "runs").is_dir() else []
+    paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+    proc = run_in_process(name, lambda module: module.main(module.parse_args(flags)), cwd, paths)
+    if proc.returncode != 0:
+        assert (run_dirs(cwd) if (cwd / "runs").is_dir() else []) == before, proc.stderr
+    return proc
 
 
 def assert_one_error_line(name: str, proc: subprocess.CompletedProcess, message: str) -> None:

@@ -9,11 +9,12 @@ import re
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import ROOT, load_algorithm
+from conftest import ROOT, assert_one_error_line, load_algorithm, run_in_process
 
 ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
 MODULES = {name: load_algorithm(name) for name in ALGORITHMS}
@@ -45,15 +46,12 @@ def outside(interval: str, kind: type) -> list[str]:
     return [str(v) for v in values] + (["nan"] if kind is float else [])
 
 
-def parse_error(name: str, argv: list[str], capsys) -> str:
-    """Run the script's parse_args in this process; it must exit 2 with exactly one error line, returned."""
-    with pytest.raises(SystemExit) as exit_info:
-        MODULES[name].parse_args(argv)
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), err
-    return lines[0]
+def parse_error(name: str, argv: list[str], tmp_path: Path) -> str:
+    """Run the script's parse_args in this process; it must exit 2 with one error line and nothing else, returned."""
+    proc = run_in_process(name, lambda module: module.parse_args(argv), tmp_path)
+    assert_one_error_line(name, proc, "")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    return proc.stderr.strip()
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
@@ -72,9 +70,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, flag, value", CASES, ids=[f"{n}-{f}={v}" for n, f, v in CASES])
-def test_a_value_out_of_range_gets_one_line(name, flag, value, capsys):
+def test_a_value_out_of_range_gets_one_line(name, flag, value, tmp_path):
     option = f"--{flag.replace('_', '-')}"
-    line = parse_error(name, [option, value], capsys)
+    line = parse_error(name, [option, value], tmp_path)
     assert f"{option} " in line and "out of range; pass a value in" in line
 
 
@@ -88,14 +86,14 @@ def test_a_value_out_of_range_gets_one_line(name, flag, value, capsys):
         (["--exp-name", "a/b"], r"--exp-name 'a/b' must be a plain name"),
     ],
 )
-def test_tyro_errors_and_names_read_as_one_line(name, argv, message, capsys):
-    line = parse_error(name, argv, capsys)
+def test_tyro_errors_and_names_read_as_one_line(name, argv, message, tmp_path):
+    line = parse_error(name, argv, tmp_path)
     assert re.search(message, line), line
     assert line.endswith(f"see {name}.py --help") or "--exp-name" in argv
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path, capsys):
+def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path):
     env_id = MODULES[name].parse_args([]).env_id
     other = "dqn.py" if name != "dqn" else "ppo.py"
     files = {
@@ -120,7 +118,7 @@ def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path, cap
             path.write_bytes(content)
         elif content is not None:
             torch.save(content, path)
-        line = parse_error(name, ["--resume", str(path)], capsys)
+        line = parse_error(name, ["--resume", str(path)], tmp_path)
         assert re.search(expected[file], line), (file, line)
 
 

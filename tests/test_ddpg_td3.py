@@ -2,7 +2,6 @@
 learning."""
 
 import os
-import re
 import signal
 
 import envpool
@@ -17,6 +16,7 @@ from conftest import (
     only_run,
     run_algorithm,
     run_bad_input,
+    run_in_process,
     scalars,
     seeded_runs,
     stop_run,
@@ -273,12 +273,9 @@ BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
         (gym.spaces.Dict(a=BOX), BOX, r"needs a vector observation"),
     ],
 )
-def test_spaces_it_cannot_handle_get_one_clear_line(obs_space, action_space, message, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        td3.check_args(td3.Args(env_id="Some-v0"), obs_space, action_space)
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ddpg_td3.py: error: ") and re.search(message, lines[0]), lines
+def test_spaces_it_cannot_handle_get_one_clear_line(obs_space, action_space, message, tmp_path):
+    proc = run_in_process("ddpg_td3", lambda m: m.check_args(m.Args(env_id="Some-v0"), obs_space, action_space), tmp_path)
+    assert_one_error_line("ddpg_td3", proc, message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, True), (signal.SIGKILL, False)])

@@ -1,7 +1,6 @@
 """es.py: the ES maths against hand computations and a known function, the batched population, one process against
 two under torchrun, end-to-end runs, resume, bad input, learning."""
 
-import os
 import subprocess
 import sys
 
@@ -225,38 +224,6 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     assert "resume with: python " in out
 
 
-# envs that the checks must turn away, in a module the bad-input runs import (--env-id odd_envs:...)
-ODD_ENVS = """
-import gymnasium as gym
-import numpy as np
-
-
-class Odd(gym.Env):
-    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        return np.zeros(2, np.float32), 0.0, False, False, {}
-
-
-class Unbounded(Odd):
-    action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
-
-
-class Multi(Odd):
-    action_space = gym.spaces.MultiDiscrete([2, 2])
-
-
-gym.register("NoLimit-v0", entry_point=Odd)
-gym.register("Unbounded-v0", entry_point=Unbounded, max_episode_steps=10)
-gym.register("Multi-v0", entry_point=Multi, max_episode_steps=10)
-"""
-
-
 @pytest.mark.parametrize(
     "flags, message",
     [
@@ -273,10 +240,8 @@ gym.register("Multi-v0", entry_point=Multi, max_episode_steps=10)
         (["--env-id", "odd_envs:NoLimit-v0"], r"has no time limit.*; pass --max-episode-steps"),
     ],
 )
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    (tmp_path / "odd_envs.py").write_text(ODD_ENVS)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    assert_one_error_line("es", run_bad_input("es", flags, tmp_path, "Acrobot-v1", env=env), message)
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
+    assert_one_error_line("es", run_bad_input("es", flags, tmp_path, "Acrobot-v1", env=test_env), message)
 
 
 def test_bad_input_is_one_line_on_stderr_without_traceback(tmp_path):
@@ -288,11 +253,9 @@ def test_bad_input_is_one_line_on_stderr_without_traceback(tmp_path):
     ]
 
 
-def test_a_horizon_makes_an_env_without_time_limit_usable(tmp_path):
-    (tmp_path / "odd_envs.py").write_text(ODD_ENVS)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+def test_a_horizon_makes_an_env_without_time_limit_usable(tmp_path, test_env):
     flags = ["--env-id", "odd_envs:NoLimit-v0", "--max-episode-steps", "5", "--num-generations", "1", "--population-size", "4"]
-    run_algorithm("es", *flags, cwd=tmp_path, env=env)
+    run_algorithm("es", *flags, cwd=tmp_path, env=test_env)
     assert values(only_run(tmp_path), "charts/episodic_length") == [5.0] * 4
 
 

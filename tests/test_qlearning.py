@@ -2,10 +2,8 @@
 transition tables) and the start states it assumes, the discretiser, the episode cap, one logged point per episode,
 seeding, save + reload, bad input, stop and resume."""
 
-import os
 import re
 import signal
-import textwrap
 
 import gymnasium as gym
 import numpy as np
@@ -297,32 +295,13 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     assert runs[0] != runs[2]
 
 
-# Spaces a table cannot hold, for the bad-input table below (a module on PYTHONPATH, as 'odd_spaces:TupleObs-v0')
-ODD_SPACES = textwrap.dedent(
-    """
-    import gymnasium as gym
-
-    class TupleObs(gym.Env):
-        observation_space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(2)))
-        action_space = gym.spaces.Discrete(2)
-
-    class MultiDiscreteActions(gym.Env):
-        observation_space = gym.spaces.Discrete(3)
-        action_space = gym.spaces.MultiDiscrete([2, 2])
-
-    gym.register("TupleObs-v0", entry_point=TupleObs)
-    gym.register("MultiDiscreteActions-v0", entry_point=MultiDiscreteActions)
-    """
-)
-
-
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--env-id", "Pendulum-v1"], r"needs a Discrete action space .*Pendulum-v1 has Box.*; use ppo.py or ddpg_td3.py"),
-        (["--env-id", "odd_spaces:MultiDiscreteActions-v0"], r"needs a Discrete action space .*has MultiDiscrete"),
+        (["--env-id", "odd_envs:MultiDiscreteActions-v0"], r"needs a Discrete action space .*has MultiDiscrete"),
         (["--env-id", "Breakout-v5"], r"cannot tabulate Breakout-v5's \(4, 84, 84\) image observations; use dqn.py"),
-        (["--env-id", "odd_spaces:TupleObs-v0"], r"needs Discrete or Box observations .*has Tuple"),
+        (["--env-id", "odd_envs:TupleObs-v0"], r"needs Discrete or Box observations .*has Tuple"),
         (["--env-id", "FrozenLak-v1"], r"unknown env id 'FrozenLak-v1'.*did you mean FrozenLake-v1"),
         (["--env-id", "CartPole-v1", "--obs-low", "-1", "-1", "-1", "-1", "--obs-high", "1", "inf", "1", "1"],
          r"unbounded in some dimensions; give the grid's bounds with --obs-low and --obs-high \(4 values each\)"),
@@ -336,10 +315,8 @@ ODD_SPACES = textwrap.dedent(
         (["--resume", "FOREIGN"], r"is for Taxi-v3, not FrozenLake-v1; pass --env-id Taxi-v3"),
     ],
 )  # fmt: skip
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    (tmp_path / "odd_spaces.py").write_text(ODD_SPACES)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    assert_one_error_line("qlearning", run_bad_input("qlearning", flags, tmp_path, "Taxi-v3", env=env), message)
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
+    assert_one_error_line("qlearning", run_bad_input("qlearning", flags, tmp_path, "Taxi-v3", env=test_env), message)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
