@@ -1,0 +1,1022 @@
+"""PPG, Phasic Policy Gradient (Cobbe et al. 2021), on Procgen through envpool; benchmark: `bash benchmark/ppg_procgen.sh`."""
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.tensorboard import SummaryWriter
+
+# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+
+
+@dataclass
+class Args:
+    # --- run infrastructure ---
+    exp_name: str = "ppg_procgen"
+    """name of this experiment, part of the run directory name"""
+    env_id: str = "StarpilotEasy-v0"
+    """envpool Procgen id (StarpilotEasy-v0, BigfishHard-v0, ...: the 16 games, Easy and Hard), or a game's procgen
+    name (starpilot, bigfish, ...), which means its Easy variant"""
+    preset: Literal["paper", "small"] = "paper"
+    """paper: the reference's settings (N_pi 32: a phase keeps 32 x 64 x 256 frames, 6.4 GB); small: N_pi 8 for
+    machines with less memory (1.6 GB; the paper's Figure 5 shows N_pi 8 a little behind 32)"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available (the phase's frames then live on the GPU)"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 (its 64x64 observations) to runs/<run>/videos"""
+    save_model: bool = False
+    """save the final model to runs/<run>/ppg_procgen.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps, at the end of a policy iteration (0: only on Ctrl-C /
+    SIGTERM); mid-phase it also writes the phase's frames so far beside it (up to the phase buffer's size on disk)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+
+    # --- algorithm: policy phase (PPO) ---
+    total_timesteps: int = 25_000_000
+    """total env steps over all envs"""
+    learning_rate: float = 5e-4
+    """Adam learning rate of the policy phase"""
+    num_envs: int = 64
+    """parallel envs"""
+    num_steps: int = 256
+    """steps per env per rollout"""
+    anneal_lr: bool = False
+    """anneal both learning rates linearly to 0 over the whole run (off in the reference)"""
+    gamma: float = 0.999
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """lambda of generalised advantage estimation"""
+    num_minibatches: int = 8
+    """minibatches per policy-phase epoch"""
+    update_epochs: int = 1
+    """epochs over each rollout (E_pi = E_V in the paper)"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 1.0
+    """weight of the value loss 0.5 (V - R)^2 (the reference's 0.5 on the squared error)"""
+    max_grad_norm: float = 0.0
+    """global gradient norm clip (0: none, as the reference)"""
+    norm_reward: bool = True
+    """scale rewards by the running std of the discounted return (clipped to +-10), as the reference"""
+
+    # --- algorithm: auxiliary phase ---
+    n_pi: int = 32
+    """N_pi: policy iterations per phase; the phase's frames are kept for the auxiliary phase, n_pi x num_envs x
+    num_steps x 12,288 bytes (6.4 GB with the defaults; in RAM on CPU, in GPU memory on CUDA)"""
+    e_aux: int = 6
+    """E_aux: auxiliary epochs over the phase's frames (0: no auxiliary phase, PPO with a separate value network)"""
+    aux_learning_rate: float = 5e-4
+    """Adam learning rate of the auxiliary phase (its own optimiser, as the reference)"""
+    aux_rollouts: int = 4
+    """whole rollouts (one env's num_steps) per auxiliary minibatch, as the reference's aux_mbsize"""
+    beta_clone: float = 1.0
+    """weight of the KL from the policy before the auxiliary phase to the policy being trained"""
+    vf_true_weight: float = 1.0
+    """weight of the value network's extra training on the same targets in the auxiliary phase"""
+    chunk_size: int = 0
+    """observations per forward/backward pass inside a minibatch; gradients add up to the whole minibatch's, so the
+    update is the same (0: 64 on CPU, where small chunks are fastest and keep activations small; the minibatch on CUDA)"""
+
+    # --- computed at start-up ---
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """batch_size // num_minibatches (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+
+
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    total_timesteps="[1, inf)",
+    learning_rate="(0, inf)",
+    num_envs="[1, inf)",
+    num_steps="[1, inf)",
+    gamma="[0, 1]",
+    gae_lambda="[0, 1]",
+    num_minibatches="[1, inf)",
+    update_epochs="[1, inf)",
+    clip_coef="(0, inf)",
+    ent_coef="[0, inf)",
+    vf_coef="[0, inf)",
+    max_grad_norm="[0, inf)",
+    n_pi="[1, inf)",
+    e_aux="[0, inf)",
+    aux_learning_rate="(0, inf)",
+    aux_rollouts="[1, inf)",
+    beta_clone="[0, inf)",
+    vf_true_weight="[0, inf)",
+    chunk_size="[0, inf)",
+)
+
+# paper: openai/phasic-policy-gradient train.py (the paper's settings, except gamma of the reward filter, see
+# scale_reward); small: the same with 8 policy iterations per phase. Any flag given on the command line wins.
+PRESETS = {"paper": dict(), "small": dict(n_pi=8)}
+
+
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults of the preset the command line asks for."""
+    env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
+    return Args(env_id=env_id, **PRESETS.get(preset, {}))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Envs
+# ---------------------------------------------------------------------------------------------------------------
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)  # fmt: skip
+PROCGEN_IDS = [f"{game.capitalize()}{mode}-v0" for game in PROCGEN_GAMES for mode in ("Easy", "Hard")]
+
+
+def procgen_env_id(env_id: str) -> str:
+    """An envpool Procgen id; a procgen name (starpilot) means its Easy variant, said once; anything else, one line."""
+    if env_id in PROCGEN_IDS:
+        return env_id
+    if env_id.lower() in PROCGEN_GAMES:
+        full = f"{env_id.lower().capitalize()}Easy-v0"
+        print(f"--env-id {env_id} runs envpool's {full} (the Easy distribution; pass {full[:-7]}Hard-v0 for Hard)")
+        return full
+    close = difflib.get_close_matches(env_id, PROCGEN_IDS + list(PROCGEN_GAMES), n=2, cutoff=0.6)
+    if close:
+        fail(f"unknown Procgen env id '{env_id}'; did you mean {', '.join(close)}?")
+    fail(f"ppg_procgen.py runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{env_id}'; run ppo.py for it")
+
+
+def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    spec = envpool.make_spec(env_id)
+    return spec.observation_space, spec.action_space
+
+
+def make_env(env_id: str, num_envs: int, seed: int):
+    """envpool's Procgen, as the reference's ProcgenGym3Env: unlimited levels (num_levels 0), the id's distribution,
+    3x64x64 uint8 frames. Next-step autoreset: after a done, the next step ignores its action and returns reward 0 and
+    the first frame of the next level. A game's time limit (e.g. Maze's 500 steps) is a truncation."""
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_levels=0, start_level=0)
+
+
+def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
+    """Running return and length per env; returns the new running values and the finished episodes' ones.
+
+    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
+    """
+    ep_return = ep_return + raw_reward
+    ep_length = ep_length + valid
+    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
+    ep_return = np.where(episode_end, 0.0, ep_return)
+    ep_length = np.where(episode_end, 0, ep_length)
+    return ep_return, ep_length, finished_returns, finished_lengths
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------------------
+def normed_init(layer: nn.Module, scale: float = 1.0) -> nn.Module:
+    # The reference's init (phasic_policy_gradient/torch_util.py, NormedLinear / NormedConv2d): PyTorch's default
+    # weights rescaled so that each output unit's fan-in weights have norm `scale`; zero biases
+    with torch.no_grad():
+        dims = tuple(range(1, layer.weight.dim()))
+        layer.weight.mul_(scale / layer.weight.norm(p=2, dim=dims, keepdim=True))
+        layer.bias.zero_()
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int, scale: float):
+        super().__init__()
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, 3, padding=1), np.sqrt(scale))
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, 3, padding=1), np.sqrt(scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaCNN(nn.Sequential):
+    """Espeholt et al. 2018: three stacks (conv 3x3, max-pool 3x3 stride 2, two residual blocks) of 16, 32, 32
+    channels, then 256 ReLU units. Scales as the reference's impala_cnn.py: 1/sqrt(3) per stack, shared by its
+    blocks, 1.4 on the dense layer."""
+
+    def __init__(self, obs_shape: tuple, chans=(16, 32, 32), out_size: int = 256, blocks: int = 2):
+        layers, channels, height, width = [], obs_shape[0], obs_shape[1], obs_shape[2]
+        stack_scale = 1 / np.sqrt(len(chans))
+        for out in chans:
+            layers += [normed_init(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1)]
+            layers += [ResidualBlock(out, stack_scale / np.sqrt(blocks)) for _ in range(blocks)]
+            channels, height, width = out, (height + 1) // 2, (width + 1) // 2
+        layers += [nn.Flatten(), nn.ReLU(), normed_init(nn.Linear(channels * height * width, out_size), 1.4), nn.ReLU()]
+        super().__init__(*layers)
+
+
+class Agent(nn.Module):
+    """The reference's 'dual' architecture: a policy network (IMPALA CNN, policy head, auxiliary value head) and a
+    separate value network (IMPALA CNN, value head). Heads at scale 0.1, as the reference."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+        super().__init__()
+        self.policy_net, self.value_net = ImpalaCNN(obs_space.shape), ImpalaCNN(obs_space.shape)
+        self.actor = normed_init(nn.Linear(256, int(action_space.n)), 0.1)
+        self.aux_critic = normed_init(nn.Linear(256, 1), 0.1)
+        self.critic = normed_init(nn.Linear(256, 1), 0.1)
+        # channels-last convolutions run about twice as fast on a CPU (oneDNN) and suit tensor cores on a GPU
+        self.to(memory_format=torch.channels_last)
+
+    @staticmethod
+    def frames(x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float only here
+        return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
+
+    def policy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Policy logits and the auxiliary value, both from the policy network."""
+        h = self.policy_net(self.frames(x))
+        return self.actor(h), self.aux_critic(h).squeeze(-1)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.value_net(self.frames(x))).squeeze(-1)
+
+    def act(self, x: torch.Tensor, deterministic: bool = False):
+        """Action, its log-probability and the value network's value, for one step of all envs."""
+        logits = self.policy(x)[0]
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+        action = logits.argmax(-1) if deterministic else dist.sample()
+        return action, dist.log_prob(action), self.value(x)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running statistics for reward normalisation
+# ---------------------------------------------------------------------------------------------------------------
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64."""
+
+    def __init__(self, shape: tuple, device: torch.device):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.double()
+        self.mean, self.var, self.count = update_mean_var_count(
+            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        )
+
+    def state_dict(self) -> dict:
+        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
+
+
+def scale_reward(reward, discounted_return, done, rms: RunningMeanStd, gamma: float, clip: float = 10.0):
+    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 6).
+
+    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
+    skipping it would need a host sync per step. Returns (scaled reward, discounted return for the next step).
+    """
+    discounted_return = discounted_return * gamma + reward
+    rms.update(discounted_return.unsqueeze(-1))
+    scaled = (reward / torch.sqrt(rms.var + 1e-8)).clamp(-clip, clip).float()
+    return scaled, torch.where(done, torch.zeros_like(discounted_return), discounted_return)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The algorithm's maths
+# ---------------------------------------------------------------------------------------------------------------
+def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
+
+    With next-step autoreset the observation after a truncated step is the real final observation, so
+    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
+    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
+    (valid = 0) gets advantage 0 and is masked out of the loss.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Over the whole batch, once, before the minibatches (the reference's compute_advantage); reset steps excluded."""
+    count = valid.sum()
+    mean = (advantages * valid).sum() / count
+    std = (((advantages - mean) ** 2 * valid).sum() / count).sqrt()
+    return (advantages - mean) / (std + 1e-8) * valid
+
+
+def policy_loss(logits, actions, oldlogprob, advantages, newvalue, returns, mask, count, clip_coef, ent_coef, vf_coef):
+    """Clipped surrogate - entropy bonus + value loss (value network) over the valid entries of a chunk, each a mean over
+    the `count` valid entries of the whole minibatch: the chunks' losses add up to the minibatch's.
+
+    Returns the loss and, detached, the sums of (policy loss, value loss, entropy, approx KL, clip fraction).
+    """
+    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+    logratio = dist.log_prob(actions) - oldlogprob
+    ratio = logratio.exp()
+    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    v = 0.5 * (newvalue - returns) ** 2  # no value clipping: the reference has none
+    entropy = dist.entropy()
+    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
+        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > clip_coef).float()
+    terms = torch.stack([pg, v, entropy, approx_kl, clipped]) * mask
+    sums = terms.sum(1) / count
+    return sums[0] - ent_coef * sums[2] + vf_coef * sums[1], sums.detach()
+
+
+def categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+    """KL(old || new) per row, as the reference's td.kl_divergence(oldpd, pd)."""
+    old_logp, new_logp = F.log_softmax(old_logits, -1), F.log_softmax(new_logits, -1)
+    return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
+
+
+def aux_loss(logits, old_logits, aux_value, value, returns, mask, count, beta_clone: float, vf_true_weight: float):
+    """The auxiliary phase's joint loss (Cobbe et al. 2021, eq. 2 and 4): 0.5 (V_aux - R)^2 on the policy network's aux
+    head + beta_clone KL(pi_old || pi) + vf_true_weight 0.5 (V - R)^2 on the value network; means over the `count` valid
+    entries of the minibatch, as in policy_loss. Returns the loss and the detached sums of the three terms."""
+    terms = torch.stack([0.5 * (aux_value - returns) ** 2, categorical_kl(old_logits, logits), 0.5 * (value - returns) ** 2])
+    sums = (terms * mask).sum(1) / count
+    return sums[0] + beta_clone * sums[1] + vf_true_weight * sums[2], sums.detach()
+
+
+def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
+    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
+    if not anneal:
+        return learning_rate
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    resid = returns - values
+    var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float) -> None:
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def policy_update(agent: Agent, optimizer, batch: dict, args: Args) -> torch.Tensor:
+    """The policy phase's PPO update on one rollout: E_pi epochs of minibatches, each in chunks whose gradients add up.
+    Returns the mean per minibatch of (policy loss, value loss, entropy, approx KL, clip fraction)."""
+    stats, num_updates, params = torch.zeros(5, device=batch["obs"].device), 0, list(agent.parameters())
+    for _epoch in range(args.update_epochs):
+        perm = torch.randperm(args.batch_size, device=batch["obs"].device)
+        for mb in perm.split(args.minibatch_size):
+            count = batch["valid"][mb].sum().clamp(min=1.0)
+            for chunk in mb.split(args.chunk_size):
+                c = {k: v[chunk] for k, v in batch.items()}
+                logits = agent.policy(c["obs"])[0]
+                loss, sums = policy_loss(
+                    logits, c["actions"], c["logprobs"], c["advantages"], agent.value(c["obs"]), c["returns"],
+                    c["valid"], count, args.clip_coef, args.ent_coef, args.vf_coef,
+                )  # fmt: skip
+                loss.backward()
+                stats += sums
+            optimizer_step(optimizer, params, args.max_grad_norm)
+            num_updates += 1
+    return stats / num_updates
+
+
+def old_policy_logits(agent: Agent, phase_obs: torch.Tensor, batch: int = 256) -> torch.Tensor:
+    """The policy before the auxiliary phase on every frame of the phase (the reference's compute_presleep_outputs)."""
+    flat = phase_obs.reshape((-1,) + phase_obs.shape[-3:])
+    with torch.no_grad():
+        return torch.cat([agent.policy(flat[i : i + batch])[0] for i in range(0, len(flat), batch)])
+
+
+def aux_minibatches(perm: torch.Tensor, aux_rollouts: int, num_envs: int):
+    """Minibatches of whole rollouts across the phase, as the reference's make_minibatches: each rollout is one env's
+    num_steps in one policy iteration; yields (iteration index, env index) tensors of aux_rollouts rollouts."""
+    for rollouts in perm.split(aux_rollouts):
+        yield rollouts // num_envs, rollouts % num_envs
+
+
+def aux_step(agent: Agent, optimizer, phase: dict, slots, envs_idx, args: Args) -> torch.Tensor:
+    """One auxiliary minibatch: the rollouts' frames gathered (uint8) from the phase buffer, trained in chunks."""
+    T = phase["obs"].shape[1]
+    steps = torch.arange(T, device=slots.device)
+    index = (slots[:, None], steps[None, :], envs_idx[:, None])  # (rollouts, T): rollout by rollout, in time order
+    obs = phase["obs"][index].flatten(0, 1)
+    old_logits = phase["old_logits"][index].flatten(0, 1)
+    returns, valid = phase["returns"][index].flatten(), phase["valid"][index].flatten()
+    count, sums = valid.sum().clamp(min=1.0), torch.zeros(3, device=valid.device)
+    for chunk in torch.arange(len(obs), device=valid.device).split(args.chunk_size):
+        logits, aux_value = agent.policy(obs[chunk])
+        loss, chunk_sums = aux_loss(
+            logits, old_logits[chunk], aux_value, agent.value(obs[chunk]), returns[chunk], valid[chunk], count,
+            args.beta_clone, args.vf_true_weight,
+        )  # fmt: skip
+        loss.backward()
+        sums += chunk_sums
+    optimizer_step(optimizer, list(agent.parameters()), args.max_grad_norm)
+    return sums
+
+
+def run_aux_phase(agent, aux_optimizer, phase, state, args, stop, writer, global_step):
+    """The auxiliary phase from `state` (epoch, minibatches done, old policy logits) on: E_aux epochs over the phase's
+    rollouts in random minibatches of whole rollouts. Returns None when it has finished, or, when a stop was requested,
+    the state to resume from (it can take an hour on a CPU, so a stop does not wait for its end)."""
+    rollouts = phase["obs"].shape[0] * args.num_envs
+    minibatches = -(-rollouts // args.aux_rollouts)
+    old_logits = state["old_logits"].to(phase["obs"].device).reshape(phase["obs"].shape[:3] + (-1,))
+    started, last_print, done_here = time.time(), time.time(), 0
+    while state["epoch"] < args.e_aux:
+        if state["done"] == 0:
+            state["perm"] = torch.randperm(rollouts, device=phase["obs"].device)
+            state["sums"] = torch.zeros(3, device=phase["obs"].device)
+        state["perm"], state["sums"] = state["perm"].to(phase["obs"].device), state["sums"].to(phase["obs"].device)
+        todo = state["perm"][state["done"] * args.aux_rollouts :]
+        for slots, envs_idx in aux_minibatches(todo, args.aux_rollouts, args.num_envs):
+            state["sums"] += aux_step(agent, aux_optimizer, dict(phase, old_logits=old_logits), slots, envs_idx, args)
+            state["done"] += 1
+            done_here += 1
+            if time.time() - last_print > args.progress_interval:  # an auxiliary phase takes minutes: show where it is
+                last_print = time.time()
+                left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
+                eta = (time.time() - started) / done_here * left
+                print(
+                    f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch "
+                    f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
+                    flush=True,
+                )
+            if stop:
+                return state
+        # the last epoch's mean loss terms are the ones logged
+        aux_values = (state["sums"] / minibatches).tolist()
+        state["epoch"], state["done"] = state["epoch"] + 1, 0
+    for name, value in zip(("aux_value_loss", "bc_kl", "aux_true_value_loss"), aux_values, strict=True):
+        writer.add_scalar(f"losses/{name}", value, global_step)
+    writer.add_scalar("charts/aux_epoch_seconds", (time.time() - started) / max(done_here / minibatches, 1e-9), global_step)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluation, argument checks and the phase's frames in a checkpoint
+# ---------------------------------------------------------------------------------------------------------------
+def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
+    """Play one full episode (raw score) on each of args.eval_episodes envs. Returns the episodes' returns.
+    Video: env 0's observations, the 64x64 frames the agent sees."""
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000)
+    obs, _ = envs.reset()
+    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
+    frames = []
+    while not finished.all():
+        if video is not None and not finished[0]:
+            frames.append(obs[0].transpose(1, 2, 0))
+        with torch.no_grad():
+            action = agent.act(torch.as_tensor(obs, device=device), args.eval_deterministic)[0].cpu().numpy()
+        obs, reward, term, trunc, _ = envs.step(action)
+        returns += np.where(finished, 0.0, reward)  # each env's first episode only
+        finished |= term | trunc
+    envs.close()
+    write_video(video, frames)
+    return returns
+
+
+def phase_bytes(args: Args) -> int:
+    slots = args.n_pi if args.e_aux > 0 else 1
+    return slots * args.num_envs * args.num_steps * 3 * 64 * 64
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+
+
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges alone cannot tell: flags that only make sense together, and the phase buffer's memory."""
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.batch_size % args.num_minibatches:
+        fail(
+            f"batch size {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} does not divide into "
+            f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
+        )
+    if args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
+    if args.e_aux > 0 and args.aux_rollouts > args.n_pi * args.num_envs:
+        fail(
+            f"--aux-rollouts {args.aux_rollouts} is more than the {args.n_pi * args.num_envs} rollouts of a phase "
+            f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}"
+        )
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    need, have = phase_bytes(args), available_memory(device)
+    if need > 0.9 * have:
+        fail(
+            f"a phase keeps {need / 1e9:.1f} GB of frames and this {device.type.upper()} has {have / 1e9:.1f} GB free; "
+            "pass --preset small (N_pi 8) or a smaller --n-pi or --num-envs"
+        )
+    if args.chunk_size == 0:
+        args.chunk_size = args.minibatch_size if device.type == "cuda" else 64
+
+
+def save_phase(run_dir: str, iteration: int, phase: dict, filled: int) -> dict:
+    """The phase's frames so far, beside the checkpoint in their own file (written raw, without a copy); returns the
+    small tensors and the file's name for the checkpoint. Written before the checkpoint that names it."""
+    name = f"phase_{iteration}.u8"
+    path = os.path.join(run_dir, name)
+    phase["obs"][:filled].cpu().numpy().tofile(f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+    return dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
+
+
+def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
+    path = os.path.join(run_dir, saved["file"])
+    target = phase["obs"][: saved["filled"]]
+    if not os.path.isfile(path) or os.path.getsize(path) != target.numel():
+        fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from a checkpoint whose file is whole")
+    target.copy_(torch.from_numpy(np.fromfile(path, dtype=np.uint8).reshape(target.shape)))
+    for k in ("returns", "valid"):
+        phase[k][: saved["filled"]] = saved[k].to(phase[k].device)
+
+
+def remove_old_phases(run_dir: str, keep: str | None) -> None:
+    for name in os.listdir(run_dir):
+        if name.startswith("phase_") and name.endswith(".u8") and name != keep:
+            os.remove(os.path.join(run_dir, name))
+
+
+def write_checkpoint(run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration):
+    """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped). While
+    an auxiliary phase is still to come, the phase's frames so far go beside it (save_phase)."""
+    filled = (iteration - 1) % phase["obs"].shape[0] + 1
+    needed = args.e_aux > 0 and iteration < args.num_iterations and (filled < args.n_pi or aux_state is not None)
+    saved_phase = save_phase(run_dir, iteration, phase, filled) if needed else None
+    save_checkpoint(
+        os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+        model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
+        return_rms=return_rms.state_dict() if return_rms else None, phase=saved_phase,
+        aux={k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None,
+        global_step=global_step, iteration=iteration, rng=rng_state(phase["obs"].device),
+    )  # fmt: skip
+    remove_old_phases(run_dir, saved_phase["file"] if saved_phase else None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: every check before the run directory is made ---
+    args.env_id = procgen_env_id(args.env_id)
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
+    device = seed_and_device(args)
+
+    agent = Agent(obs_space, action_space).to(device)
+    # an Adam per phase over both networks, with PyTorch's default eps, as the reference
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate)
+    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=args.aux_learning_rate)
+    return_rms = RunningMeanStd((), device) if args.norm_reward else None
+    # the phase's frames, kept once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its rollouts
+    # straight into them. Reset steps are kept (masked out of every loss): a fixed shape, whole rollouts in time order
+    slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs
+    phase = dict(
+        obs=torch.empty((slots, T, N) + obs_space.shape, dtype=torch.uint8, device=device),
+        returns=torch.zeros((slots, T, N), device=device),
+        valid=torch.zeros((slots, T, N), device=device),
+    )
+    global_step, start_iteration, aux_state = 0, 1, None
+    if ckpt:
+        agent.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
+        if return_rms is not None:
+            return_rms.load_state_dict(ckpt["return_rms"])
+        if ckpt["phase"] is not None:
+            load_phase(run_dir, ckpt["phase"], phase)
+        global_step, start_iteration, aux_state = ckpt["global_step"], ckpt["iteration"] + 1, ckpt["aux"]
+        restore_rng(ckpt["rng"], device)
+        print(f"resumed {run_dir} at step {global_step:,}" + (" in an auxiliary phase" if aux_state else ""))
+    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    progress = Progress(args, global_step, args.total_timesteps)
+    stop = stop_requests()
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    envs = make_env(args.env_id, N, args.seed + global_step)
+    actions = torch.zeros((T, N), dtype=torch.long, device=device)
+    logprobs, rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(6))
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+
+    if aux_state is not None:  # resumed inside an auxiliary phase: its remaining minibatches come first
+        aux_state = run_aux_phase(agent, aux_optimizer, phase, aux_state, args, stop, writer, global_step)
+        if stop:
+            iteration = start_iteration - 1
+            write_checkpoint(
+                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration
+            )
+            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}, inside an auxiliary phase")
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        slot, phase_number = (iteration - 1) % slots, (iteration - 1) // args.n_pi + 1
+        # annealing, when on, runs over the whole run's policy iterations, not restarting each phase
+        for opt, base in ((optimizer, args.learning_rate), (aux_optimizer, args.aux_learning_rate)):
+            opt.param_groups[0]["lr"] = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
+        iteration_start = time.time()
+
+        # --- policy phase: rollout, written into the phase buffer ---
+        obs = phase["obs"][slot]
+        for step in range(T):
+            global_step += N
+            obs[step] = next_obs
+            with torch.no_grad():
+                actions[step], logprobs[step], values[step] = agent.act(next_obs)
+            next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
+            done = term | trunc
+            step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
+            rewards[step], terminations[step], dones[step], valid[step] = step_data
+            if return_rms is not None:
+                # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma, as the issue asks
+                rewards[step], discounted_return = scale_reward(
+                    step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
+                )
+            next_obs = torch.as_tensor(next_obs_np, device=device)
+            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
+                ep_return, ep_length, reward, next_valid, done
+            )
+            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+            next_valid = ~done
+
+        # --- advantages, the phase's value targets, PPO update ---
+        with torch.no_grad():
+            advantages, returns = compute_gae(
+                rewards, values, agent.value(next_obs), terminations, dones, valid, args.gamma, args.gae_lambda
+            )
+        phase["returns"][slot], phase["valid"][slot] = returns, valid
+        batch = dict(
+            obs=obs.reshape((-1,) + obs_space.shape), actions=actions.reshape(-1), logprobs=logprobs.reshape(-1),
+            advantages=normalize_advantages(advantages, valid).reshape(-1), returns=returns.reshape(-1),
+            valid=valid.reshape(-1),
+        )  # fmt: skip
+        stats = policy_update(agent, optimizer, batch, args)
+
+        # --- logging: one host sync per iteration ---
+        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+        logged = torch.cat([stats, explained_variance(values.reshape(-1), batch["returns"], batch["valid"]).reshape(1)])
+        for name, value in zip(names, logged.tolist(), strict=True):
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/phase", phase_number, global_step)
+        writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / (time.time() - iteration_start)), global_step)
+        extra = f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}"
+        progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
+
+        # --- auxiliary phase: after every N_pi policy iterations, but not after the last (the reference's loop) ---
+        if args.e_aux > 0 and iteration % args.n_pi == 0 and iteration < args.num_iterations:
+            aux_state = dict(epoch=0, done=0, phase=phase_number, old_logits=old_policy_logits(agent, phase["obs"]))
+            aux_state = run_aux_phase(agent, aux_optimizer, phase, aux_state, args, stop, writer, global_step)
+
+        # --- evaluation, checkpoint, stop requests ---
+        if crossed(global_step, args.batch_size, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
+            write_checkpoint(
+                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration
+            )
+        if stop:
+            where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
+            stop_and_exit(stop, writer, envs, args, run_dir, where)
+
+    # --- final model: saved, reloaded from disk, evaluated ---
+    envs.close()
+    if args.save_model:
+        model_path = os.path.join(run_dir, "ppg_procgen.model")
+        save_checkpoint(model_path, "model", args, run_dir, model=agent.state_dict())
+        eval_agent = Agent(obs_space, action_space).to(device)
+        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
+        log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
+    writer.close()
+    print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
+
+
+if __name__ == "__main__":
+    main(parse_args())
