@@ -19,6 +19,8 @@ DIFFERENT = {
     "PRESETS": "each algorithm's reference settings",
     "preset_defaults": "each algorithm's presets",
     "main": "the algorithm",
+    "Agent": "a shared-trunk or two-MLP actor-critic (ppo.py, a2c.py) against PPG's policy and value IMPALA networks",
+    "env_spaces": "ppg_procgen.py takes only envpool's Procgen ids, whose spaces its spec has",
     "check_args": "each algorithm's spaces and flag combinations",
     "evaluate": "each algorithm's policy",
     "make_env": "each algorithm's env options (Atari wrappers, backend, episode cap)",

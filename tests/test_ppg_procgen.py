@@ -1,0 +1,358 @@
+"""ppg_procgen.py: the auxiliary loss and the clipped policy loss against hand computations, the auxiliary phase's
+mechanism, the phase buffer's contents, runs end to end (save + reload, seeds, bad input, stop and resume)."""
+
+import math
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (
+    ROOT,
+    SMOKE_TIMEOUT,
+    assert_one_error_line,
+    load_algorithm,
+    one_thread,
+    only_run,
+    run_algorithm,
+    run_bad_input,
+    run_in_process,
+    scalars,
+    seeded_runs,
+    write_foreign_checkpoint,
+)
+
+ppg = load_algorithm("ppg_procgen")
+
+# a tiny configuration: 4 envs x 32 steps, phases of 2 policy iterations, one auxiliary epoch
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-pi", "2", "--e-aux", "1", "--no-cuda"]
+TAGS = {
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/policy_phase_SPS",
+    "charts/learning_rate",
+    "charts/phase",
+    "charts/aux_epoch_seconds",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "losses/aux_value_loss",
+    "losses/bc_kl",
+    "losses/aux_true_value_loss",
+    "eval/episodic_return",
+}
+
+
+def small_agent(seed=0):
+    torch.manual_seed(seed)
+    spec = ppg.envpool.make_spec("StarpilotEasy-v0")
+    return ppg.Agent(spec.observation_space, spec.action_space)
+
+
+def frames(n, seed=0):
+    """n real Starpilot frames (random actions), uint8 (n, 3, 64, 64)."""
+    envs = ppg.make_env("StarpilotEasy-v0", 1, seed)
+    obs, _ = envs.reset()
+    out, rng = [obs[0]], np.random.default_rng(seed)
+    while len(out) < n:
+        obs = envs.step(rng.integers(0, 15, 1))[0]
+        out.append(obs[0])
+    envs.close()
+    return torch.as_tensor(np.stack(out))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The losses against hand computations
+# ---------------------------------------------------------------------------------------------------------------
+def log_softmax(row):
+    top = max(row)
+    z = math.log(sum(math.exp(x - top) for x in row)) + top
+    return [x - z for x in row]
+
+
+def test_aux_loss_matches_a_hand_computation():
+    rng = np.random.default_rng(0)
+    n, a = 6, 4
+    logits, old_logits = rng.normal(size=(n, a)), rng.normal(size=(n, a))
+    aux_value, value, returns = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
+    mask = np.array([1, 1, 0, 1, 1, 1.0])  # entry 2 is a reset step
+    count = 7.0  # the whole minibatch's valid entries: this chunk is part of a larger one
+    aux_sum = kl_sum = v_sum = 0.0
+    for i in range(n):
+        if not mask[i]:
+            continue
+        old, new = log_softmax(old_logits[i]), log_softmax(logits[i])
+        kl_sum += sum(math.exp(o) * (o - w) for o, w in zip(old, new, strict=True))
+        aux_sum += 0.5 * (aux_value[i] - returns[i]) ** 2
+        v_sum += 0.5 * (value[i] - returns[i]) ** 2
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    loss, sums = ppg.aux_loss(
+        t(logits), t(old_logits), t(aux_value), t(value), t(returns), t(mask), count, beta_clone=0.7, vf_true_weight=0.3
+    )
+    np.testing.assert_allclose(sums.numpy(), [aux_sum / count, kl_sum / count, v_sum / count], rtol=1e-12)
+    assert loss.item() == pytest.approx((aux_sum + 0.7 * kl_sum + 0.3 * v_sum) / count, rel=1e-12)
+
+
+def test_kl_term_is_zero_and_flat_when_the_policy_has_not_moved():
+    logits = torch.randn(8, 15, dtype=torch.float64, requires_grad=True)
+    kl = ppg.categorical_kl(logits.detach(), logits)
+    assert torch.all(kl.abs() < 1e-12)
+    kl.sum().backward()
+    assert torch.all(logits.grad.abs() < 1e-12)  # the clone term does not pull an unmoved policy anywhere
+    moved = ppg.categorical_kl(logits.detach(), logits.detach() + torch.randn(8, 15, dtype=torch.float64))
+    assert torch.all(moved > 0)
+
+
+def test_policy_loss_matches_a_hand_computation():
+    rng = np.random.default_rng(1)
+    n, a, clip = 5, 3, 0.2
+    logits = rng.normal(size=(n, a))
+    actions = rng.integers(0, a, n)
+    oldlogprob = np.array([log_softmax(logits[i])[actions[i]] for i in range(n)]) + rng.normal(0, 0.3, n)
+    adv, newvalue, returns = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
+    mask, count = np.array([1, 0, 1, 1, 1.0]), 4.0
+    pg = v = ent = 0.0
+    for i in range(n):
+        if mask[i]:
+            lp = log_softmax(logits[i])
+            ratio = math.exp(lp[actions[i]] - oldlogprob[i])
+            pg += max(-adv[i] * ratio, -adv[i] * min(max(ratio, 1 - clip), 1 + clip))
+            v += 0.5 * (newvalue[i] - returns[i]) ** 2
+            ent -= sum(math.exp(x) * x for x in lp)
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    loss, sums = ppg.policy_loss(
+        t(logits), torch.tensor(actions), t(oldlogprob), t(adv), t(newvalue), t(returns), t(mask), count, clip, 0.01, 0.5
+    )
+    np.testing.assert_allclose(sums[:3].numpy(), [pg / count, v / count, ent / count], rtol=1e-12)
+    assert loss.item() == pytest.approx((pg - 0.01 * ent + 0.5 * v) / count, rel=1e-12)
+
+
+def test_advantages_are_normalised_over_the_whole_batch_without_reset_steps():
+    adv = torch.tensor([[1.0, 5.0], [3.0, 100.0], [2.0, 7.0]])
+    valid = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    out = ppg.normalize_advantages(adv, valid)
+    kept = out[valid.bool()]
+    assert kept.mean().abs() < 1e-6 and (kept.var(unbiased=False) - 1).abs() < 1e-4
+    assert out[1, 1] == 0  # the reset step carries no advantage
+
+
+def test_normed_init_and_the_impala_cnn_shape():
+    agent = small_agent()
+    for layer in agent.modules():
+        if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
+            norms = layer.weight.flatten(1).norm(dim=1)
+            assert torch.allclose(norms, norms[0].expand_as(norms), rtol=1e-5) and (layer.bias == 0).all()
+    assert torch.allclose(agent.actor.weight.norm(dim=1), torch.full((15,), 0.1))
+    assert torch.allclose(agent.policy_net[-2].weight.norm(dim=1), torch.full((256,), 1.4))
+    logits, aux_value = agent.policy(frames(3))
+    assert logits.shape == (3, 15) and aux_value.shape == (3,) and agent.value(frames(3)).shape == (3,)
+
+
+def test_chunks_give_the_gradient_of_the_whole_minibatch():
+    """The auxiliary step in chunks of 5 observations leaves the same weights as one pass over the minibatch."""
+    obs, results = frames(24).reshape(2, 12, 1, 3, 64, 64), []
+    for chunk in (5, 24):
+        agent = small_agent()
+        phase = dict(
+            obs=obs, returns=torch.linspace(-1, 1, 24).reshape(2, 12, 1), valid=torch.ones(2, 12, 1),
+            old_logits=torch.randn(2, 12, 1, 15, generator=torch.Generator().manual_seed(0)),
+        )  # fmt: skip
+        phase["valid"][0, 3] = 0
+        args = ppg.Args(chunk_size=chunk, num_envs=1)
+        opt = torch.optim.SGD(agent.parameters(), lr=0.1)
+        ppg.aux_step(agent, opt, phase, torch.tensor([0, 1]), torch.tensor([0, 0]), args)
+        results.append(torch.cat([p.flatten() for p in agent.parameters()]))
+    assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The auxiliary phase's mechanism
+# ---------------------------------------------------------------------------------------------------------------
+def aux_phase_on_a_fixed_batch(beta_clone: float, epochs: int = 40):
+    """run_aux_phase on 2 rollouts of 16 real frames with fixed random value targets; returns (aux-value error before,
+    after, value error before, after, mean KL to the pre-phase policy after)."""
+    agent = small_agent()
+    obs = frames(32).reshape(2, 16, 1, 3, 64, 64).transpose(0, 1).reshape(16, 2, 3, 64, 64)[None]  # (1, T=16, N=2)
+    returns = torch.randn(1, 16, 2, generator=torch.Generator().manual_seed(1))
+    phase = dict(obs=obs, returns=returns, valid=torch.ones(1, 16, 2))
+    args = ppg.Args(num_envs=2, e_aux=epochs, aux_rollouts=1, beta_clone=beta_clone, chunk_size=64, progress_interval=1e9)
+    flat = obs.reshape(-1, 3, 64, 64)
+
+    def errors():
+        with torch.no_grad():
+            logits, aux_value = agent.policy(flat)
+            target = returns.flatten()
+            return ((aux_value - target) ** 2).mean().item(), ((agent.value(flat) - target) ** 2).mean().item(), logits
+
+    aux_before, v_before, old_logits = errors()
+    state = dict(epoch=0, done=0, phase=1, old_logits=ppg.old_policy_logits(agent, obs))
+    assert torch.allclose(state["old_logits"], old_logits, atol=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
+    assert ppg.run_aux_phase(agent, optimizer, phase, state, args, [], DummyWriter(), 0) is None
+    aux_after, v_after, new_logits = errors()
+    return aux_before, aux_after, v_before, v_after, ppg.categorical_kl(old_logits, new_logits).mean().item()
+
+
+class DummyWriter:
+    def __init__(self):
+        self.logged = {}
+
+    def add_scalar(self, tag, value, step):
+        self.logged[tag] = value
+
+
+def test_aux_phase_fits_the_value_targets_while_the_policy_stays_close():
+    """The joint loss is L = 0.5 E(V_aux - R)^2 + beta KL(pi_old || pi) + 0.5 E(V - R)^2 and starts with KL = 0. When the
+    phase ends with a lower joint loss (asserted), beta KL_end <= L_start - (value terms at the end) <= value terms at
+    the start, so KL_end <= (0.5 aux error + 0.5 value error at the start) / beta: the bound asserted. Without the clone
+    term (beta 0) nothing holds the policy, and it moves further. Measured (4 rollouts, 40 epochs): squared errors 1.03 and
+    1.02 fall to 0.024 and 0.010, KL 9e-5 with beta 1 against 0.011 with beta 0."""
+    aux_before, aux_after, v_before, v_after, kl = aux_phase_on_a_fixed_batch(beta_clone=1.0)
+    assert aux_after < 0.25 * aux_before and v_after < 0.25 * v_before
+    assert 0.5 * aux_after + kl + 0.5 * v_after < 0.5 * aux_before + 0.5 * v_before  # the joint loss fell
+    assert kl <= 0.5 * (aux_before + v_before) - 0.5 * (aux_after + v_after)
+    kl_unheld = aux_phase_on_a_fixed_batch(beta_clone=0.0)[-1]
+    assert kl < kl_unheld
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The phase buffer, through a real run in this process
+# ---------------------------------------------------------------------------------------------------------------
+def test_phase_buffer_holds_every_frame_the_policy_saw_in_order(tmp_path, monkeypatch):
+    """Record every observation the envs return and every phase buffer the auxiliary phase receives: slot i, step t,
+    env e holds the frame env e showed at iteration i's step t, reset steps included (the reference's gym3 envs have no
+    reset step: their done step already shows the next level's first frame; here the reset step's frame, the ended
+    level's last, is kept and masked out by `valid`)."""
+    seen, phases = [], []
+    make_env, run_aux_phase = ppg.make_env, ppg.run_aux_phase
+
+    class Recorder:
+        def __init__(self, envs):
+            self.envs = envs
+
+        def reset(self):
+            obs, info = self.envs.reset()
+            seen.append(obs.copy())
+            return obs, info
+
+        def step(self, action):
+            out = self.envs.step(action)
+            seen.append(out[0].copy())
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.envs, name)
+
+    def recording_make_env(env_id, num_envs, seed):
+        envs = make_env(env_id, num_envs, seed)
+        return Recorder(envs) if num_envs == 3 else envs
+
+    def recording_aux(agent, opt, phase, state, *rest):
+        phases.append({k: v.clone() for k, v in phase.items()})
+        return run_aux_phase(agent, opt, phase, state, *rest)
+
+    monkeypatch.setattr(ppg, "make_env", recording_make_env)
+    monkeypatch.setattr(ppg, "run_aux_phase", recording_aux)
+    flags = ["--env-id", "BigfishEasy-v0", "--num-envs", "3", "--num-steps", "60", "--num-minibatches", "1"]
+    flags += ["--n-pi", "2", "--e-aux", "1", "--total-timesteps", str(3 * 60 * 5), "--no-cuda", "--progress-interval", "1e9"]
+    proc = run_in_process("ppg_procgen", lambda m: m.main(m.parse_args(flags)), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(phases) == 2  # after iterations 2 and 4, not after the last (5)
+    seen = np.stack(seen)  # (1 + 5 * 60, 3, 3, 64, 64): the first reset, then one per step
+    for p, phase in enumerate(phases):
+        for slot in range(2):
+            first = (2 * p + slot) * 60
+            np.testing.assert_array_equal(phase["obs"][slot].numpy(), seen[first : first + 60])
+    valid = torch.cat([ph["valid"].reshape(-1, 3) for ph in phases]).numpy()
+    assert (valid == 0).any()  # some reset steps happened (Bigfish's random episodes are short), so the check bites
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runs end to end
+# ---------------------------------------------------------------------------------------------------------------
+def test_smoke_trains_saves_reloads_evaluates_and_anneals_over_the_whole_run(tmp_path):
+    flags = [*TINY, "--total-timesteps", "768", "--save-model", "--anneal-lr", "--eval-every", "384", "--eval-episodes", "2"]
+    proc = run_algorithm("ppg_procgen", "--env-id", "bigfish", *flags, "--capture-video", cwd=tmp_path)
+    assert "--env-id bigfish runs envpool's BigfishEasy-v0" in proc.stdout
+    run = only_run(tmp_path)
+    assert "BigfishEasy-v0__ppg_procgen" in run.name
+    logged = scalars(run)
+    assert TAGS <= set(logged)
+    # 6 iterations of 128 steps: auxiliary phases after iterations 2 and 4
+    assert [s for s, _, _ in logged["losses/bc_kl"]] == [256, 512]
+    assert [v for _, v, _ in logged["charts/phase"]] == [1, 1, 2, 2, 3, 3]
+    # the learning rate falls over the whole run, not restarting at each phase (CleanRL's ppg_procgen.py anneals with
+    # the iteration within the phase, so its rate goes back up at every phase)
+    lrs = [v for _, v, _ in logged["charts/learning_rate"]]
+    np.testing.assert_allclose(lrs, [5e-4 * (1 - i / 6) for i in range(6)], rtol=1e-6)
+    model = torch.load(run / "ppg_procgen.model", weights_only=False)
+    assert model["args"]["env_id"] == "BigfishEasy-v0" and "critic.weight" in model["model"]
+    assert f"model: {run.relative_to(tmp_path) / 'ppg_procgen.model'}" in proc.stdout
+    assert {p.name for p in (run / "videos").iterdir()} == {"eval_384.mp4", "eval_768.mp4", "final.mp4"}
+
+
+def test_same_seed_same_run_on_cpu(tmp_path):
+    tags = ("losses/policy_loss", "losses/value_loss", "losses/bc_kl", "losses/aux_value_loss")
+    runs = seeded_runs("ppg_procgen", (3, 3, 4), tmp_path, *TINY, "--total-timesteps", "512", tags=tags)
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--env-id", "CartPole-v1"], r"runs the 16 Procgen games .*not 'CartPole-v1'; run ppo\.py for it"),
+        (["--env-id", "StarpilotEasy-v1"], r"unknown Procgen env id 'StarpilotEasy-v1'; did you mean StarpilotEasy-v0"),
+        (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than the 8 rollouts of a phase"),
+        (["--num-minibatches", "3"], r"does not divide into 3 minibatches"),
+        (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
+        (["--n-pi", "100000000"], r"a phase keeps .* GB of frames and this CPU has .* GB free; pass --preset small"),
+        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
+        (["--resume", "FOREIGN"], r"is for BigfishEasy-v0, not StarpilotEasy-v0; pass --env-id BigfishEasy-v0"),
+    ],
+)
+def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
+    ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "StarpilotEasy-v0", "ppo.py")
+    flags = [ppo_checkpoint if f == "PPO_CHECKPOINT" else f for f in [*TINY, *flags]]
+    assert_one_error_line("ppg_procgen", run_bad_input("ppg_procgen", flags, tmp_path, "BigfishEasy-v0"), message)
+
+
+def stop_when(flags, cwd, starts_with: str) -> str:
+    """Run ppg_procgen.py, SIGTERM it when a line starts with `starts_with`; it checkpoints and exits 128 + 15."""
+    cmd = [sys.executable, str(ROOT / "algorithms" / "ppg_procgen.py"), *flags]
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True, env=one_thread(None))
+    for line in proc.stdout:
+        if line.startswith(starts_with):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, _ = proc.communicate(timeout=SMOKE_TIMEOUT)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("where", ["step 256/", "auxiliary phase 2:"])
+def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_or_repeating_steps(where, tmp_path):
+    """A stop at iteration 2 of phase 2 (its first slot's frames go beside the checkpoint) or inside phase 2's
+    auxiliary phase (all of the phase's frames, the old policy's logits and the minibatch reached)."""
+    flags = [*TINY, "--total-timesteps", "1024", "--progress-interval", "0", "--aux-rollouts", "1"]
+    stop_when(flags, tmp_path, "step 384/" if where.startswith("step") else where)
+    run = only_run(tmp_path)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    if where.startswith("step"):
+        assert ckpt["iteration"] == 3 and ckpt["aux"] is None and ckpt["phase"]["filled"] == 1
+    else:
+        assert ckpt["iteration"] == 4 and 1 <= ckpt["aux"]["done"] < 8 and ckpt["phase"]["filled"] == 2
+    assert (run / ckpt["phase"]["file"]).stat().st_size == ckpt["phase"]["filled"] * 128 * 3 * 64 * 64
+    out = run_algorithm("ppg_procgen", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path).stdout
+    assert f"resumed {run.relative_to(tmp_path)}" in out
+    logged = scalars(run)
+    assert [s for s, _, _ in logged["charts/phase"]] == list(range(128, 1025, 128))  # each iteration once
+    assert [s for s, _, _ in logged["losses/bc_kl"]] == [256, 512, 768]  # each auxiliary phase once
+    assert not list(run.glob("phase_*.u8"))  # the phase's frames are removed once the next checkpoint needs none
