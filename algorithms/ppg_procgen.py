@@ -747,6 +747,7 @@ def main(args: Args) -> None:
 
     # --- final model: saved, reloaded from disk, evaluated ---
     envs.close()
+    remove_old_phases(run_dir, None)  # frames kept for a resume are not needed once the run is over
     if args.save_model:
         model_path = os.path.join(run_dir, "ppg_procgen.model")
         save_checkpoint(model_path, "model", args, run_dir, model=agent.state_dict())

@@ -346,7 +346,8 @@ def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_o
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     if where.startswith("step"):
-        assert ckpt["iteration"] == 3 and ckpt["aux"] is None and ckpt["phase"]["filled"] == 1
+        # the signal lands at the end of iteration 3, or, when it comes a moment late, in the auxiliary phase after 4
+        assert ckpt["iteration"] in (3, 4) and ckpt["phase"]["filled"] == (ckpt["iteration"] - 1) % 2 + 1
     else:
         assert ckpt["iteration"] == 4 and 1 <= ckpt["aux"]["done"] < 8 and ckpt["phase"]["filled"] == 2
     assert (run / ckpt["phase"]["file"]).stat().st_size == ckpt["phase"]["filled"] * 128 * 3 * 64 * 64
@@ -355,4 +356,4 @@ def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_o
     logged = scalars(run)
     assert [s for s, _, _ in logged["charts/phase"]] == list(range(128, 1025, 128))  # each iteration once
     assert [s for s, _, _ in logged["losses/bc_kl"]] == [256, 512, 768]  # each auxiliary phase once
-    assert not list(run.glob("phase_*.u8"))  # the phase's frames are removed once the next checkpoint needs none
+    assert not list(run.glob("phase_*.u8"))  # frames kept for a resume are removed when the run ends
