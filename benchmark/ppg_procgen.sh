@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# PPG on Procgen: the exact commands of the paper's setting (Easy distribution, unlimited levels, 25M steps), 3 seeds
+# each, through the runner; references are in benchmark/references.csv.
+#
+#   env                 steps  reference (mean episodic return at 25M steps)
+#   StarpilotEasy-v0    25M    CleanRL ppg_procgen.py 34.8; OpenAI train-procgen PPO (Easy) 35.0
+#   BossfightEasy-v0    25M    CleanRL ppg_procgen.py 10.8; OpenAI train-procgen PPO (Easy) 9.0
+#   BigfishEasy-v0      25M    CleanRL ppg_procgen.py 24.2; OpenAI train-procgen PPO (Easy) 19.5
+# (CleanRL's figures: docs.cleanrl.dev, PPG page, 25M steps; PPO's: Cobbe et al. 2020, "Leveraging Procedural
+# Generation", Easy, as the issue quotes them.)
+#
+# 25M steps is a GPU job. On the 2-core CPU of the development machine the policy phase runs about 100 SPS and an
+# auxiliary epoch over a 6.4 GB phase (524,288 frames through both networks, forward and backward) takes over an hour:
+# a 25M-step run would take months there. Needs 6.4 GB of RAM (CPU) or GPU memory (CUDA) for the phase's frames;
+# `--preset small` keeps 1.6 GB.
+#
+# Usage: bash benchmark/ppg_procgen.sh [STEPS]   (default 25000000; a smaller STEPS runs the same commands shorter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps="${1:-25000000}"
+
+source benchmark/common.sh
+
+bench ppg_procgen ppg_procgen StarpilotEasy-v0 BossfightEasy-v0 BigfishEasy-v0 -- --total-timesteps "$steps" --checkpoint-every 1048576
