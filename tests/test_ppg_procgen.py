@@ -22,6 +22,7 @@ from conftest import (
     run_in_process,
     scalars,
     seeded_runs,
+    stop_run,
     write_foreign_checkpoint,
 )
 
@@ -325,7 +326,8 @@ def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
 
 
 def stop_when(flags, cwd, starts_with: str) -> str:
-    """Run ppg_procgen.py, SIGTERM it when a line starts with `starts_with`; it checkpoints and exits 128 + 15."""
+    """conftest.stop_run for a line that is not a step count (the auxiliary phase's): SIGTERM when a line starts with
+    `starts_with`; the run checkpoints and exits 128 + 15."""
     cmd = [sys.executable, str(ROOT / "algorithms" / "ppg_procgen.py"), *flags]
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True, env=one_thread(None))
     for line in proc.stdout:
@@ -342,7 +344,10 @@ def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_o
     """A stop at iteration 2 of phase 2 (its first slot's frames go beside the checkpoint) or inside phase 2's
     auxiliary phase (all of the phase's frames, the old policy's logits and the minibatch reached)."""
     flags = [*TINY, "--total-timesteps", "1024", "--progress-interval", "0", "--aux-rollouts", "1"]
-    stop_when(flags, tmp_path, "step 384/" if where.startswith("step") else where)
+    if where.startswith("step"):
+        stop_run("ppg_procgen", *flags, cwd=tmp_path, at=384)
+    else:
+        stop_when(flags, tmp_path, where)
     run = only_run(tmp_path)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     if where.startswith("step"):
