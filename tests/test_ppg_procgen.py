@@ -193,7 +193,7 @@ def aux_phase_on_a_fixed_batch(beta_clone: float, epochs: int = 40):
             return ((aux_value - target) ** 2).mean().item(), ((agent.value(flat) - target) ** 2).mean().item(), logits
 
     aux_before, v_before, old_logits = errors()
-    state = dict(epoch=0, done=0, phase=1, old_logits=ppg.old_policy_logits(agent, obs))
+    state = dict(epoch=0, done=0, phase=1, old_logits=ppg.old_policy_logits(agent, obs, 64))
     assert torch.allclose(state["old_logits"], old_logits, atol=1e-5)
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
     assert ppg.run_aux_phase(agent, optimizer, phase, state, args, [], DummyWriter(), 0) is None
