@@ -34,6 +34,10 @@ class Args:
     env_id: str = "StarpilotEasy-v0"
     """envpool Procgen id (StarpilotEasy-v0, BigfishHard-v0, ...: the 16 games, Easy and Hard), or a game's procgen
     name (starpilot, bigfish, ...), which means its Easy variant"""
+    num_levels: int = 0
+    """levels to train and evaluate on (0: unlimited, the paper's setting; a small number for a fixed set of levels)"""
+    start_level: int = 0
+    """seed of the first level of the set (with --num-levels)"""
     preset: Literal["paper", "small"] = "paper"
     """paper: the reference's settings (N_pi 32: a phase keeps 32 x 64 x 256 frames, 6.4 GB); small: N_pi 8 for
     machines with less memory (1.6 GB; the paper's Figure 5 shows N_pi 8 a little behind 32)"""
@@ -121,6 +125,8 @@ class Args:
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
     seed="[0, 1e9]",
+    num_levels="[0, 1e9]",
+    start_level="[0, 1e9]",
     eval_every="[0, inf)",
     eval_episodes="[1, inf)",
     checkpoint_every="[0, inf)",
@@ -186,11 +192,13 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spec.observation_space, spec.action_space
 
 
-def make_env(env_id: str, num_envs: int, seed: int):
-    """envpool's Procgen, as the reference's ProcgenGym3Env: unlimited levels (num_levels 0), the id's distribution,
+def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_level: int = 0):
+    """envpool's Procgen, as the reference's ProcgenGym3Env: unlimited levels by default (num_levels 0), the id's distribution,
     3x64x64 uint8 frames. Next-step autoreset: after a done, the next step ignores its action and returns reward 0 and
     the first frame of the next level. A game's time limit (e.g. Maze's 500 steps) is a truncation."""
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_levels=0, start_level=0)
+    return envpool.make(
+        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_levels=num_levels, start_level=start_level
+    )
 
 
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
@@ -521,7 +529,7 @@ def run_aux_phase(agent, aux_optimizer, phase, state, args, stop, writer, global
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
     """Play one full episode (raw score) on each of args.eval_episodes envs. Returns the episodes' returns.
     Video: env 0's observations, the 64x64 frames the agent sees."""
-    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000)
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, args.num_levels, args.start_level)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames = []
@@ -666,7 +674,7 @@ def main(args: Args) -> None:
     stop = stop_requests()
 
     # envs are not restored by a resume, so its envs take a fresh seed
-    envs = make_env(args.env_id, N, args.seed + global_step)
+    envs = make_env(args.env_id, N, args.seed + global_step, args.num_levels, args.start_level)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
     logprobs, rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(6))
     next_obs = torch.as_tensor(envs.reset()[0], device=device)

@@ -251,8 +251,8 @@ def test_phase_buffer_holds_every_frame_the_policy_saw_in_order(tmp_path, monkey
         def __getattr__(self, name):
             return getattr(self.envs, name)
 
-    def recording_make_env(env_id, num_envs, seed):
-        envs = make_env(env_id, num_envs, seed)
+    def recording_make_env(env_id, num_envs, seed, *levels):
+        envs = make_env(env_id, num_envs, seed, *levels)
         return Recorder(envs) if num_envs == 3 else envs
 
     def recording_aux(agent, opt, phase, state, *rest):
