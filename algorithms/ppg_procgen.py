@@ -111,7 +111,7 @@ class Args:
     """weight of the value network's extra training on the same targets in the auxiliary phase"""
     chunk_size: int = 0
     """observations per forward/backward pass inside a minibatch; gradients add up to the whole minibatch's, so the
-    update is the same (0: 64 on CPU, where small chunks are fastest and keep activations small; the minibatch on CUDA)"""
+    update is the same (0: 32 on CPU, where small chunks are fastest and keep activations small; the minibatch on CUDA)"""
 
     # --- computed at start-up ---
     batch_size: tyro.conf.Suppress[int] = 0
@@ -583,7 +583,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
             "pass --preset small (N_pi 8) or a smaller --n-pi or --num-envs"
         )
     if args.chunk_size == 0:
-        args.chunk_size = args.minibatch_size if device.type == "cuda" else 64
+        args.chunk_size = args.minibatch_size if device.type == "cuda" else 32
 
 
 def save_phase(run_dir: str, iteration: int, phase: dict, filled: int) -> dict:

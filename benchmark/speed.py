@@ -40,8 +40,11 @@ CONFIGS = [
     ("qlearning", "FrozenLake-v1", 64, 300_000, []),
     ("ddpg_td3", "Hopper-v4", 1, 5_000, ["--learning-starts", "256"]),
     ("es", "CartPole-v1", 256, 20, []),
+    ("ppg_procgen", "StarpilotEasy-v0", 64, 49_152, ["--n-pi", "2", "--e-aux", "1"]),
 ]
-# es.py's envs are its population, and its budget is counted in generations
+# es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
+# (64 envs x 256 steps) with phases of 2 policy iterations, so that an auxiliary epoch is timed within minutes: its SPS
+# is the policy phase's, and the auxiliary epoch's seconds per policy iteration of frames are shown beside it
 
 
 def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
@@ -66,8 +69,9 @@ def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def script_sps(algo: str, env_id: str, num_envs: int, steps: int, flags: list[str]) -> float:
-    """The SPS a training run logs last (its mean over the run, evaluation excluded)."""
+def script_sps(algo: str, env_id: str, num_envs: int, steps: int, flags: list[str]) -> tuple[float, str]:
+    """The SPS a training run logs last (its mean over the run, evaluation excluded); for PPG, the policy phase's mean
+    SPS and the auxiliary epoch's time (a note for the table)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(ROOT / "algorithms" / f"{algo}.py"), "--env-id", env_id]
         if algo == "es":
@@ -76,7 +80,14 @@ def script_sps(algo: str, env_id: str, num_envs: int, steps: int, flags: list[st
             cmd += ["--num-envs", str(num_envs), "--total-timesteps", str(steps), *flags]
         subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True)
         (run,) = (Path(tmp) / "runs").iterdir()
-        return read_scalars(str(run))["charts/SPS"][-1][1]
+        logged = read_scalars(str(run))
+        if "charts/aux_epoch_seconds" not in logged:
+            return logged["charts/SPS"][-1][1], ""
+        n_pi = int(flags[flags.index("--n-pi") + 1])
+        per_iteration = np.mean([v for _, v, _ in logged["charts/aux_epoch_seconds"]]) / n_pi
+        minutes = 32 * per_iteration / 60
+        note = f"; policy phase; auxiliary epoch {per_iteration:,.0f} s per iteration's frames, {minutes:,.0f} min at N_pi 32"
+        return np.mean([v for _, v, _ in logged["charts/policy_phase_SPS"]]), note
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -90,9 +101,9 @@ def main(argv: list[str] | None = None) -> str:
     rows = []
     for algo, env_id, num_envs, steps, flags in configs:
         budget = max(int(steps * args.steps_scale), 1)
-        learner = script_sps(algo, env_id, num_envs, budget, flags)
+        learner, note = script_sps(algo, env_id, num_envs, budget, flags)
         env = env_sps(env_id, num_envs, args.env_seconds)
-        shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)})" if flags else "")
+        shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)}{note})" if flags else "")
         rows.append(f"| {algo}.py | {env_id} | {num_envs} | {shown} | {learner:,.0f} | {env:,.0f} | {learner / env:.1%} |")
         print(rows[-1], flush=True)
     if args.only is not None and Path(args.out).exists():  # the rows not measured now stay as they were
