@@ -66,6 +66,10 @@ class Args:
     """seconds between progress lines"""
 
     # --- algorithm: policy phase (PPO) ---
+    arch: Literal["dual", "detach"] = "dual"
+    """dual: the paper's PPG, a value network of its own beside the policy network; detach: one IMPALA CNN whose
+    features reach the value head with the gradient stopped (the reference's 'detach', CleanRL's ppg_procgen.py), half
+    the compute of dual"""
     total_timesteps: int = 25_000_000
     """total env steps over all envs"""
     learning_rate: float = 5e-4
@@ -256,12 +260,14 @@ class ImpalaCNN(nn.Sequential):
 
 
 class Agent(nn.Module):
-    """The reference's 'dual' architecture: a policy network (IMPALA CNN, policy head, auxiliary value head) and a
-    separate value network (IMPALA CNN, value head). Heads at scale 0.1, as the reference."""
+    """The policy network (IMPALA CNN, policy head, auxiliary value head) and the value head, in one of two of the
+    reference's architectures: 'dual', the paper's PPG, with its own IMPALA CNN under the value head; 'detach', one CNN
+    whose features reach the value head with the gradient stopped (CleanRL's ppg_procgen.py). Heads at scale 0.1."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, arch: str = "dual"):
         super().__init__()
-        self.policy_net, self.value_net = ImpalaCNN(obs_space.shape), ImpalaCNN(obs_space.shape)
+        self.policy_net = ImpalaCNN(obs_space.shape)
+        self.value_net = ImpalaCNN(obs_space.shape) if arch == "dual" else None
         self.actor = normed_init(nn.Linear(256, int(action_space.n)), 0.1)
         self.aux_critic = normed_init(nn.Linear(256, 1), 0.1)
         self.critic = normed_init(nn.Linear(256, 1), 0.1)
@@ -273,20 +279,32 @@ class Agent(nn.Module):
         # frames stay uint8 in storage and become float only here
         return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
 
+    def value_features(self, x: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
+        if self.value_net is not None:
+            return self.value_net(x)
+        # 'detach': the value loss trains the value head only, never the policy's features
+        return (self.policy_net(x) if policy_features is None else policy_features).detach()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy logits, auxiliary value and value, with one pass through each CNN."""
+        x = self.frames(x)
+        h = self.policy_net(x)
+        return self.actor(h), self.aux_critic(h).squeeze(-1), self.critic(self.value_features(x, h)).squeeze(-1)
+
     def policy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy logits and the auxiliary value, both from the policy network."""
         h = self.policy_net(self.frames(x))
         return self.actor(h), self.aux_critic(h).squeeze(-1)
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.value_net(self.frames(x))).squeeze(-1)
+        return self.critic(self.value_features(self.frames(x))).squeeze(-1)
 
     def act(self, x: torch.Tensor, deterministic: bool = False):
-        """Action, its log-probability and the value network's value, for one step of all envs."""
-        logits = self.policy(x)[0]
+        """Action, its log-probability and the value, for one step of all envs."""
+        logits, _, value = self(x)
         dist = torch.distributions.Categorical(logits=logits, validate_args=False)
         action = logits.argmax(-1) if deterministic else dist.sample()
-        return action, dist.log_prob(action), self.value(x)
+        return action, dist.log_prob(action), value
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -433,9 +451,9 @@ def policy_update(agent: Agent, optimizer, batch: dict, args: Args) -> torch.Ten
             count = batch["valid"][mb].sum().clamp(min=1.0)
             for chunk in mb.split(args.chunk_size):
                 c = {k: v[chunk] for k, v in batch.items()}
-                logits = agent.policy(c["obs"])[0]
+                logits, _, newvalue = agent(c["obs"])
                 loss, sums = policy_loss(
-                    logits, c["actions"], c["logprobs"], c["advantages"], agent.value(c["obs"]), c["returns"],
+                    logits, c["actions"], c["logprobs"], c["advantages"], newvalue, c["returns"],
                     c["valid"], count, args.clip_coef, args.ent_coef, args.vf_coef,
                 )  # fmt: skip
                 loss.backward()
@@ -474,9 +492,9 @@ def aux_step(agent: Agent, optimizer, phase: dict, slots, envs_idx, args: Args) 
     returns, valid = phase["returns"][index].flatten(), phase["valid"][index].flatten()
     count, sums = valid.sum().clamp(min=1.0), torch.zeros(3, device=valid.device)
     for chunk in torch.arange(len(obs), device=valid.device).split(args.chunk_size):
-        logits, aux_value = agent.policy(obs[chunk])
+        logits, aux_value, value = agent(obs[chunk])
         loss, chunk_sums = aux_loss(
-            logits, old_logits[chunk], aux_value, agent.value(obs[chunk]), returns[chunk], valid[chunk], count,
+            logits, old_logits[chunk], aux_value, value, returns[chunk], valid[chunk], count,
             args.beta_clone, args.vf_true_weight,
         )  # fmt: skip
         loss.backward()
@@ -644,7 +662,7 @@ def main(args: Args) -> None:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     device = seed_and_device(args)
 
-    agent = Agent(obs_space, action_space).to(device)
+    agent = Agent(obs_space, action_space, args.arch).to(device)
     # an Adam per phase over both networks, with PyTorch's default eps, as the reference
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate)
     aux_optimizer = torch.optim.Adam(agent.parameters(), lr=args.aux_learning_rate)
@@ -769,7 +787,7 @@ def main(args: Args) -> None:
     if args.save_model:
         model_path = os.path.join(run_dir, "ppg_procgen.model")
         save_checkpoint(model_path, "model", args, run_dir, model=agent.state_dict())
-        eval_agent = Agent(obs_space, action_space).to(device)
+        eval_agent = Agent(obs_space, action_space, args.arch).to(device)
         eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
         log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
     finish(writer, run_dir)

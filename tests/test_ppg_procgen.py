@@ -51,10 +51,10 @@ TAGS = {
 }
 
 
-def small_agent(seed=0):
+def small_agent(seed=0, arch="dual"):
     torch.manual_seed(seed)
     spec = ppg.envpool.make_spec("StarpilotEasy-v0")
-    return ppg.Agent(spec.observation_space, spec.action_space)
+    return ppg.Agent(spec.observation_space, spec.action_space, arch)
 
 
 def frames(n, seed=0):
@@ -154,6 +154,21 @@ def test_normed_init_and_the_impala_cnn_shape():
     assert torch.allclose(agent.policy_net[-2].weight.norm(dim=1), torch.full((256,), 1.4))
     logits, aux_value = agent.policy(frames(3))
     assert logits.shape == (3, 15) and aux_value.shape == (3,) and agent.value(frames(3)).shape == (3,)
+
+
+def test_one_pass_gives_what_policy_and_value_give_and_detach_keeps_value_gradients_off_the_policy_features():
+    x = frames(4)
+    for arch in ("dual", "detach"):
+        agent = small_agent(arch=arch)
+        logits, aux_value, value = agent(x)
+        torch.testing.assert_close((logits, aux_value), agent.policy(x))
+        torch.testing.assert_close(value, agent.value(x))
+        value.sum().backward()
+        assert agent.critic.weight.grad.abs().sum() > 0
+        assert all(p.grad is None for p in agent.policy_net.parameters())  # the value loss never reaches the policy CNN
+    assert agent.value_net is None and sum(p.numel() for p in agent.parameters()) < sum(
+        p.numel() for p in small_agent().parameters()
+    )
 
 
 def test_chunks_give_the_gradient_of_the_whole_minibatch():
@@ -297,6 +312,13 @@ def test_smoke_trains_saves_reloads_evaluates_and_anneals_over_the_whole_run(tmp
     assert model["args"]["env_id"] == "BigfishEasy-v0" and "critic.weight" in model["model"]
     assert f"model: {run.relative_to(tmp_path) / 'ppg_procgen.model'}" in proc.stdout
     assert {p.name for p in (run / "videos").iterdir()} == {"eval_384.mp4", "eval_768.mp4", "final.mp4"}
+
+
+def test_detach_architecture_trains_saves_and_reloads(tmp_path):
+    proc = run_algorithm("ppg_procgen", *TINY, "--arch", "detach", "--total-timesteps", "512", "--save-model", cwd=tmp_path)
+    model = torch.load(only_run(tmp_path) / "ppg_procgen.model", weights_only=False)
+    assert model["args"]["arch"] == "detach" and not any(k.startswith("value_net.") for k in model["model"])
+    assert "ppg_procgen.model: mean return" in proc.stdout
 
 
 def test_same_seed_same_run_on_cpu(tmp_path):
