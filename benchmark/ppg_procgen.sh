@@ -9,10 +9,11 @@
 # (CleanRL's figures: docs.cleanrl.dev, PPG page, 25M steps; PPO's: Cobbe et al. 2020, "Leveraging Procedural
 # Generation", Easy, as the issue quotes them.)
 #
-# 25M steps is a GPU job. On the 2-core CPU of the development machine the policy phase runs about 100 SPS and an
-# auxiliary epoch over a 6.4 GB phase (524,288 frames through both networks, forward and backward) takes over an hour:
-# a 25M-step run would take months there. Needs 6.4 GB of RAM (CPU) or GPU memory (CUDA) for the phase's frames;
-# `--preset small` keeps 1.6 GB.
+# 25M steps is a GPU job. On the 2-core CPU of the development machine (2026-11-23, benchmark/cleanrl_ppg_speed.sh) the
+# policy phase ran 165 SPS (53 min per phase of 524,288 steps) and an auxiliary epoch about 74 s per policy iteration's
+# frames (40 min per epoch over a full phase, 4 h for 6 epochs): about 4.8 h per phase, 48 phases, 9-10 days for 25M
+# steps. `--arch detach` (CleanRL's one-CNN architecture, for a like-for-like comparison with its figures) halves that.
+# Needs 6.4 GB of RAM (CPU) or GPU memory (CUDA) for the phase's frames; `--preset small` keeps 1.6 GB.
 #
 # Usage: bash benchmark/ppg_procgen.sh [STEPS]   (default 25000000; a smaller STEPS runs the same commands shorter)
 set -euo pipefail

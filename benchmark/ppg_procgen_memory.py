@@ -26,13 +26,13 @@ sys.path.insert(0, str(ROOT / "algorithms"))
 import ppg_procgen as ppg  # noqa: E402
 
 
-def write_checkpoint_before_last_iteration(env_id: str) -> tuple[str, int]:
+def write_checkpoint_before_last_iteration(env_id: str, flags: list[str]) -> tuple[str, int]:
     """A checkpoint of a default run at iteration n_pi - 1, its frames beside it; returns its path and the buffer size."""
-    args = ppg.parse_args(["--env-id", env_id, "--total-timesteps", str(64 * 256 * 40), "--no-cuda"])
+    args = ppg.parse_args(["--env-id", env_id, "--total-timesteps", str(64 * 256 * 40), "--no-cuda", *flags])
     obs_space, action_space = ppg.env_spaces(args.env_id)
     ppg.check_args(args, obs_space, action_space)
     run_dir = ppg.make_run_dir("memory_probe")
-    agent = ppg.Agent(obs_space, action_space)
+    agent = ppg.Agent(obs_space, action_space, args.arch)
     filled, shape = args.n_pi - 1, (args.num_steps, args.num_envs) + obs_space.shape
     rng, name = np.random.default_rng(0), f"phase_{filled}.u8"
     with open(os.path.join(run_dir, name), "wb") as f:
@@ -53,10 +53,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-id", default="StarpilotEasy-v0")
     p.add_argument("--aux-seconds", type=float, default=60.0, help="seconds of auxiliary phase before the stop")
+    p.add_argument("flags", nargs="*", help="other ppg_procgen.py flags of the run (after --), e.g. -- --chunk-size 16")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         os.chdir(tmp)
-        checkpoint, buffer = write_checkpoint_before_last_iteration(args.env_id)
+        checkpoint, buffer = write_checkpoint_before_last_iteration(args.env_id, args.flags)
         cmd = [sys.executable, str(ROOT / "algorithms" / "ppg_procgen.py"), "--env-id", args.env_id, "--resume", checkpoint]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
