@@ -1,0 +1,1026 @@
+"""RND, Random Network Distillation (Burda et al. 2019), with PPO on envpool Atari; benchmark: `bash benchmark/rnd_ppo.sh`."""
+
+import contextlib
+import dataclasses
+import difflib
+import io
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.tensorboard import SummaryWriter
+
+# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+
+
+@dataclass
+class Args:
+    # --- run infrastructure ---
+    exp_name: str = "rnd_ppo"
+    """name of this experiment, part of the run directory name"""
+    env_id: str = "MontezumaRevenge-v5"
+    """envpool Atari id (MontezumaRevenge-v5, Venture-v5, Gravitar-v5, PrivateEye-v5, Pitfall-v5, Solaris-v5, ...). Rooms
+    (charts/episode_rooms, charts/rooms_visited_total) are read from the RAM for MontezumaRevenge (address 3) and Pitfall
+    (address 1), as the reference does; other games have no room map there, and log no room tags"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
+    save_model: bool = False
+    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+
+    # --- env: the paper's Atari settings ---
+    sticky_action_prob: float = 0.25
+    """probability that the emulator repeats the previous action on each frame (sticky actions)"""
+    max_episode_steps: int = 4500
+    """episode cap in agent steps (4,500 x 4 frames = 18,000 frames); the cap is a truncation"""
+
+    # --- algorithm: PPO ---
+    total_timesteps: int = 491_520_000
+    """total env steps over all envs (the paper's 30K rollouts per env x 128 envs x 128 steps, about 2B frames)"""
+    learning_rate: float = 1e-4
+    """Adam learning rate (policy, both value heads and the predictor)"""
+    num_envs: int = 128
+    """parallel envs"""
+    num_steps: int = 128
+    """steps per env per rollout"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0 (off in the reference; CleanRL's ppo_rnd_envpool.py anneals)"""
+    gamma: float = 0.999
+    """discount of the extrinsic (episodic) return"""
+    int_gamma: float = 0.99
+    """discount of the intrinsic (non-episodic) return, and of the intrinsic reward filter"""
+    gae_lambda: float = 0.95
+    """lambda of generalised advantage estimation (both streams)"""
+    num_minibatches: int = 4
+    """minibatches per epoch"""
+    update_epochs: int = 4
+    """epochs over each rollout"""
+    norm_adv: bool = False
+    """normalise the combined advantages per minibatch (CleanRL's ppo_rnd_envpool.py; the reference does not)"""
+    clip_coef: float = 0.1
+    """surrogate clipping coefficient"""
+    ent_coef: float = 0.001
+    """entropy bonus coefficient"""
+    vf_coef: float = 1.0
+    """weight of the value losses 0.5 (V_ext - R_ext)^2 + 0.5 (V_int - R_int)^2 (the reference's 1)"""
+    max_grad_norm: float = 0.0
+    """global gradient norm clip (0: none, as the reference; CleanRL's clips at 0.5)"""
+    reward_clip: bool = True
+    """train on the sign of the extrinsic reward, as the reference (the logged return is still the raw score)"""
+
+    # --- algorithm: RND ---
+    ext_coef: float = 2.0
+    """weight of the extrinsic advantage in the combined advantage"""
+    int_coef: float = 1.0
+    """weight of the intrinsic advantage in the combined advantage"""
+    update_proportion: float = 0.25
+    """fraction of each minibatch the predictor is trained on"""
+    num_iterations_obs_norm_init: int = 50
+    """rollouts of uniformly random actions (num_steps steps of every env each) that initialise the observation
+    statistics before training (0: none)"""
+    chunk_size: int = 0
+    """observations per forward/backward pass inside a minibatch; gradients add up to the whole minibatch's, so the
+    update is the same (0: 256 on CPU, which keeps activations small; the whole minibatch on CUDA)"""
+
+    # --- computed at start-up ---
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """batch_size // num_minibatches (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+
+
+# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+RANGES = dict(
+    seed="[0, 1e9]",
+    eval_every="[0, inf)",
+    eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)",
+    sticky_action_prob="[0, 1]",
+    max_episode_steps="[1, inf)",
+    total_timesteps="[1, inf)",
+    learning_rate="(0, inf)",
+    num_envs="[1, inf)",
+    num_steps="[1, inf)",
+    gamma="[0, 1]",
+    int_gamma="[0, 1]",
+    gae_lambda="[0, 1]",
+    num_minibatches="[1, inf)",
+    update_epochs="[1, inf)",
+    clip_coef="(0, inf)",
+    ent_coef="[0, inf)",
+    vf_coef="[0, inf)",
+    max_grad_norm="[0, inf)",
+    ext_coef="[0, inf)",
+    int_coef="[0, inf)",
+    update_proportion="(0, 1]",
+    num_iterations_obs_norm_init="[0, inf)",
+    chunk_size="[0, inf)",
+)
+
+# The defaults above are the paper's and the reference's (openai/random-network-distillation), each with its source:
+# run_atari.py: lr 1e-4, 4 epochs, 4 minibatches, ent 0.001, clip 0.1, 128-step rollouts, no gradient clipping,
+# ext_coef 2, int_coef 1, gamma_int 0.99, lambda 0.95, the 128 x 50 random steps of the observation statistics;
+# its README's command: gamma_ext 0.999; the paper's Table 5: 128 parallel envs, update proportion 0.25 and 30K
+# rollouts per env. There is one setting, so no preset to choose.
+
+
+def preset_defaults(argv: list[str]) -> Args:
+    """The defaults (the paper's setting; rnd_ppo.py has no other preset)."""
+    return Args()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Envs
+# ---------------------------------------------------------------------------------------------------------------
+def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    if ":" not in env_id and env_id in envpool.list_all_envs():
+        spec = envpool.make_spec(env_id)
+        return spec.observation_space, spec.action_space
+    try:
+        env = gym.make(env_id)
+    except ModuleNotFoundError:
+        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
+    except gym.error.Error as e:
+        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
+        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
+    spaces = env.observation_space, env.action_space
+    env.close()
+    return spaces
+
+
+def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int, sticky_action_prob: float, render=False):
+    """envpool Atari as the reference's make_atari and wrap_deepmind (atari_wrappers.py): sticky actions on every
+    frame, the episode cap (its TimeLimit of 4,500 x 4 frames), no life-loss episodes, no random no-op starts (envpool
+    runs at least one no-op frame: noop_max 1), no FIRE on reset, 4 max-pooled frames per step, 4 stacked 84x84 grey
+    frames. Rewards come raw: the learner clips them. Next-step autoreset: after a done, the next step ignores its
+    action and returns reward 0 and the first observation of the next episode."""
+    return envpool.make(
+        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, repeat_action_probability=sticky_action_prob,
+        max_episode_steps=max_episode_steps, noop_max=1, use_fire_reset=False, episodic_life=False, reward_clip=False,
+        **(dict(render_mode="rgb_array") if render else {}),
+    )  # fmt: skip
+
+
+def game_end_and_score(reward, term, trunc, info, is_atari: bool):
+    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
+    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
+    if is_atari:
+        return info["terminated"].astype(bool) | trunc, info["reward"]
+    return term | trunc, reward
+
+
+def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
+    """Running return and length per env; returns the new running values and the finished episodes' ones.
+
+    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
+    """
+    ep_return = ep_return + raw_reward
+    ep_length = ep_length + valid
+    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
+    ep_return = np.where(episode_end, 0.0, ep_return)
+    ep_length = np.where(episode_end, 0, ep_length)
+    return ep_return, ep_length, finished_returns, finished_lengths
+
+
+# Where the reference reads the room from the RAM (atari_wrappers.py, MontezumaInfoWrapper); other games get none
+ROOM_ADDRESS = {"MontezumaRevenge": 3, "Pitfall": 1}
+
+
+def room_address(env_id: str) -> int | None:
+    return ROOM_ADDRESS.get(env_id.split("-")[0])
+
+
+def update_rooms(episode_rooms: np.ndarray, rooms_seen: np.ndarray, room: np.ndarray, episode_end: np.ndarray):
+    """Rooms per episode and over the whole run, as the reference's MontezumaInfoWrapper counts them: the room the RAM
+    shows after each step joins the env's current episode (the reset step's is the next episode's first room).
+
+    episode_rooms: (num_envs, 256) bool, the rooms of each env's current episode; rooms_seen: (256,) bool, every room
+    seen so far; room: (num_envs,) the RAM's room byte after this step; episode_end: (num_envs,) bool. Returns the new
+    episode_rooms and rooms_seen, and the number of rooms of each episode that ended on this step.
+    """
+    episode_rooms = episode_rooms.copy()
+    episode_rooms[np.arange(len(room)), room] = True
+    finished = episode_rooms[episode_end].sum(1)
+    rooms_seen = rooms_seen | episode_rooms.any(0)
+    episode_rooms[episode_end] = False
+    return episode_rooms, rooms_seen, finished
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------------------
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The reference's CnnPolicy (policies/cnn_policy_param_matched.py, 'normal' size, extrahid): three convolutions
+    (the third 4x4; CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and for the
+    two value heads (extrinsic and intrinsic). Orthogonal init as the reference's: sqrt(2) in the trunk, 0.1 in the
+    residual layers, 0.01 on the heads."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+        super().__init__()
+        self.trunk = nn.Sequential(
+            layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 4, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            n_flat = self.trunk(torch.zeros(1, *obs_space.shape)).shape[1]
+        self.trunk.extend([layer_init(nn.Linear(n_flat, 256)), nn.ReLU(), layer_init(nn.Linear(256, 448)), nn.ReLU()])
+        self.extra_policy = layer_init(nn.Linear(448, 448), std=0.1)
+        self.extra_value = layer_init(nn.Linear(448, 448), std=0.1)
+        self.actor = layer_init(nn.Linear(448, int(action_space.n)), std=0.01)
+        self.critic_ext = layer_init(nn.Linear(448, 1), std=0.01)
+        self.critic_int = layer_init(nn.Linear(448, 1), std=0.01)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy logits, extrinsic value and intrinsic value; frames stay uint8 in storage and become float only here."""
+        h = self.trunk(x.float() / 255.0)
+        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
+        return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1)
+
+    def act(self, x: torch.Tensor, deterministic: bool = False):
+        """Action, its log-probability, and both values, for one step of all envs."""
+        logits, ext_value, int_value = self(x)
+        # validate_args=False: argument checks cost a host sync per call on CUDA
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+        action = logits.argmax(-1) if deterministic else dist.sample()
+        return action, dist.log_prob(action), ext_value, int_value
+
+
+def rnd_network(predictor: bool) -> nn.Sequential:
+    """The reference's target and predictor (define_self_prediction_rew): three leaky-ReLU convolutions (32, 64, 64 channels;
+    TensorFlow's leaky slope 0.2) on one normalised 84x84 frame, then a 512 linear layer (target) or 512-512-512 with
+    ReLUs (predictor). Orthogonal init with gain sqrt(2) throughout, as the reference's."""
+    layers = [
+        layer_init(nn.Conv2d(1, 32, 8, stride=4)),
+        nn.LeakyReLU(0.2),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+        nn.LeakyReLU(0.2),
+        layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+        nn.LeakyReLU(0.2),
+        nn.Flatten(),
+    ]
+    if predictor:
+        layers += [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
+        return nn.Sequential(*layers, layer_init(nn.Linear(512, 512)))
+    return nn.Sequential(*layers, layer_init(nn.Linear(3136, 512)))
+
+
+class RNDModel(nn.Module):
+    """A fixed random target network and the predictor trained to match it; the prediction error is the novelty."""
+
+    def __init__(self):
+        super().__init__()
+        self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
+        self.target.requires_grad_(False)
+
+    def error(self, x: torch.Tensor) -> torch.Tensor:
+        """Squared prediction error per observation, averaged over the 512 features (the reference's int_rew)."""
+        return ((self.predictor(x) - self.target(x)) ** 2).mean(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running statistics, observation normalisation and the intrinsic reward
+# ---------------------------------------------------------------------------------------------------------------
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64."""
+
+    def __init__(self, shape: tuple, device: torch.device):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.double()
+        self.mean, self.var, self.count = update_mean_var_count(
+            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        )
+
+    def state_dict(self) -> dict:
+        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
+
+
+def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 1024) -> None:
+    """Merge the per-pixel mean and variance of uint8 frames (n, 1, 84, 84) into rms, without a Python object per frame:
+    sums in float64 over float32 chunks (whole numbers up to 255^2, so both sums are exact)."""
+    total = torch.zeros(frames.shape[1:], dtype=torch.float64, device=frames.device)
+    squares = torch.zeros_like(total)
+    for part in frames.split(chunk):
+        x = part.float()
+        total += x.sum(0, dtype=torch.float64)
+        squares += (x * x).sum(0, dtype=torch.float64)
+    n = frames.shape[0]
+    mean = total / n
+    var = (squares / n - mean**2).clamp(min=0.0)
+    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, mean, var, n)
+
+
+def normalize_frames(frames: torch.Tensor, rms: RunningMeanStd, clip: float = 5.0) -> torch.Tensor:
+    """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std, no epsilon: the
+    variance starts at 1 with a count of 1e-4, so it stays positive even where a pixel never changes)."""
+    return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
+
+
+def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, chunk: int) -> torch.Tensor:
+    """The intrinsic reward of every step of a rollout: the novelty of the frame the step reached, (T, N, 1, 84, 84)."""
+    flat = frames.flatten(0, 1)
+    errors = torch.empty(flat.shape[0], device=flat.device)
+    with torch.no_grad():
+        for i in range(0, flat.shape[0], chunk):
+            errors[i : i + chunk] = rnd.error(normalize_frames(flat[i : i + chunk], rms))
+    return errors.reshape(frames.shape[:2])
+
+
+def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
+    """The reference's RewardForwardFilter over a (T, N) rollout: per env, rewems = gamma * rewems + r, running on across
+    episode ends (the intrinsic return is non-episodic); a reset step (valid 0) is no transition and leaves it as it is.
+    Returns the filtered value at every step and the last one, for the next rollout."""
+    filtered = torch.empty_like(rewards)
+    for t in range(rewards.shape[0]):
+        rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
+        filtered[t] = rewems
+    return filtered, rewems
+
+
+def normalize_intrinsic(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, rms: RunningMeanStd, gamma: float):
+    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py):
+    the rollout's filtered values (reset steps left out) update the running variance first, as the reference's does, then
+    the whole rollout is divided by its square root. Returns (normalised rewards, rewems for the next rollout)."""
+    filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
+    kept = filtered[valid.bool()]
+    if kept.numel():
+        rms.update(kept)
+    return (rewards / rms.var.sqrt()).float(), rewems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The algorithm's maths
+# ---------------------------------------------------------------------------------------------------------------
+def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
+
+    With next-step autoreset the observation after a truncated step is the real final observation, so
+    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
+    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
+    (valid = 0) gets advantage 0 and is masked out of the loss.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def intrinsic_gae(rewards, values, next_value, valid, gamma: float, gae_lambda: float):
+    """GAE of the non-episodic intrinsic return (the reference's use_news=0): it runs on across episode ends.
+
+    A reset step (valid = 0) is no transition: it is taken out of the stream, so the step before it (the done step,
+    whose reward is the novelty of the final frame) is followed by the step after it, the next episode's first frame,
+    as in the reference, whose envs reset within the done step. The reset step gets advantage 0 and is masked out of
+    every loss. A done step on the rollout's last step bootstraps from its final frame's value: the next episode's first
+    frame comes only with the next rollout.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam, nextvalues = torch.zeros_like(next_value), next_value
+    for t in reversed(range(num_steps)):
+        gae = rewards[t] + gamma * nextvalues - values[t] + gamma * gae_lambda * lastgaelam
+        keep = valid[t].bool()
+        lastgaelam, nextvalues = torch.where(keep, gae, lastgaelam), torch.where(keep, values[t], nextvalues)
+        advantages[t] = gae * valid[t]
+    return advantages, advantages + values
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay 0."""
+    mean = masked_mean(advantages, mask)
+    var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
+    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
+
+
+def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, ext_returns, int_returns, mask, count, args):
+    """Clipped surrogate on the combined advantage - entropy bonus + the two value heads' losses (no value clipping, as
+    the reference's) over the valid entries of a chunk, each a mean over the `count` valid entries of the whole
+    minibatch: the chunks' losses add up to the minibatch's.
+
+    Returns the loss and, detached, the sums of (policy loss, ext value loss, int value loss, entropy, approx KL, clip
+    fraction).
+    """
+    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+    logratio = dist.log_prob(actions) - oldlogprob
+    ratio = logratio.exp()
+    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef))
+    v_ext, v_int = 0.5 * (ext_value - ext_returns) ** 2, 0.5 * (int_value - int_returns) ** 2
+    entropy = dist.entropy()
+    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
+        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > args.clip_coef).float()
+    sums = (torch.stack([pg, v_ext, v_int, entropy, approx_kl, clipped]) * mask).sum(1) / count
+    return sums[0] - args.ent_coef * sums[3] + args.vf_coef * (sums[1] + sums[2]), sums.detach()
+
+
+def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over `count`."""
+    return (errors * mask).sum() / count
+
+
+def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
+    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
+    if not anneal:
+        return learning_rate
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    resid = returns - values
+    var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float) -> None:
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def rnd_ppo_update(agent: Agent, rnd: RNDModel, optimizer, params: list, batch: dict, obs_rms: RunningMeanStd, args: Args):
+    """update_epochs epochs of random minibatches; each minibatch in chunks whose gradients add up: the PPO loss on all
+    of it, the predictor's loss on its first update_proportion (a random subset: the minibatch is a slice of a random
+    permutation; the reference draws each entry with that probability), one optimiser step for both. Returns the mean
+    per minibatch of (policy loss, ext value loss, int value loss, entropy, approx KL, clip fraction, RND loss)."""
+    device, chunk = batch["valid"].device, args.chunk_size
+    stats, num_updates = torch.zeros(7, device=device), 0
+    num_predicted = max(1, round(args.update_proportion * args.minibatch_size))
+    for _epoch in range(args.update_epochs):
+        for mb in torch.randperm(args.batch_size, device=device).split(args.minibatch_size):
+            valid = batch["valid"][mb]
+            count, advantages = valid.sum().clamp(min=1.0), batch["advantages"][mb]
+            if args.norm_adv:
+                advantages = standardize(advantages, valid)
+            for i in range(0, len(mb), chunk):
+                c = mb[i : i + chunk]
+                logits, ext_value, int_value = agent(batch["obs"][c])
+                loss, sums = rnd_ppo_loss(
+                    logits, batch["actions"][c], batch["logprobs"][c], advantages[i : i + chunk], ext_value, int_value,
+                    batch["ext_returns"][c], batch["int_returns"][c], valid[i : i + chunk], count, args,
+                )  # fmt: skip
+                loss.backward()
+                stats[:6] += sums
+            chosen = mb[:num_predicted]
+            predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
+            for c in chosen.split(chunk):
+                errors = rnd.error(normalize_frames(batch["frames"][c], obs_rms))
+                loss = predictor_loss(errors, batch["valid"][c], predicted_count)
+                loss.backward()
+                stats[6] += loss.detach()
+            optimizer_step(optimizer, params, args.max_grad_norm)
+            num_updates += 1
+    return stats / num_updates
+
+
+def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iterations: int, num_actions: int) -> float:
+    """The observation statistics from uniformly random actions before training (the reference's
+    collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
+    `iterations` rollouts of frames.shape[0] steps, the last frame of each observation written into `frames` (the
+    rollout's (T, N, 1, 84, 84) uint8 storage, reused). Returns the seconds it took."""
+    start, (num_steps, num_envs) = time.time(), frames.shape[:2]
+    for _ in range(iterations):
+        for step in range(num_steps):
+            next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
+            frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
+        update_frame_stats(obs_rms, frames.flatten(0, 1))
+    return time.time() - start
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluation and argument checks of this algorithm
+# ---------------------------------------------------------------------------------------------------------------
+def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
+    """Play one full episode (raw score, the training env settings) on each of args.eval_episodes envs. Returns the
+    episodes' returns. Video: env 0's screen."""
+    render = video is not None
+    envs = make_env(
+        args.env_id, args.eval_episodes, args.seed + 100_000, args.max_episode_steps, args.sticky_action_prob, render
+    )
+    obs, _ = envs.reset()
+    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
+    frames = []
+    while not finished.all():
+        if video is not None and not finished[0]:
+            frames.append(np.asarray(envs.render())[0])
+        with torch.no_grad():
+            action = agent.act(torch.as_tensor(obs, device=device), args.eval_deterministic)[0].cpu().numpy()
+        obs, reward, term, trunc, _ = envs.step(action)
+        returns += np.where(finished, 0.0, reward)  # each env's first episode only
+        finished |= term | trunc
+    envs.close()
+    write_video(video, frames)
+    return returns
+
+
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges alone cannot tell: an Atari env, and flags that only make sense together."""
+    is_atari = args.env_id in envpool.list_all_envs() and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")
+    if not is_atari:
+        shape = obs_space.shape or ()
+        what = f"{'image' if len(shape) == 3 else 'non-image'} observations of shape {shape}"
+        fail(f"rnd_ppo.py runs envpool's Atari games, and {args.env_id} has {what}, not Atari frames; run ppo.py for it")
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.batch_size % args.num_minibatches:
+        fail(
+            f"batch size {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} does not divide into "
+            f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
+        )
+    if args.num_iterations < 1:
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
+    if args.chunk_size == 0:
+        cuda = torch.cuda.is_available() and args.cuda
+        args.chunk_size = args.minibatch_size if cuda else 256
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: every check before the run directory is made ---
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
+    device = seed_and_device(args)
+
+    agent, rnd = Agent(obs_space, action_space).to(device), RNDModel().to(device)
+    params = list(agent.parameters()) + list(rnd.predictor.parameters())
+    # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate)
+    obs_rms, reward_rms = RunningMeanStd((1,) + obs_space.shape[1:], device), RunningMeanStd((), device)
+    rewems, rooms_seen = torch.zeros(args.num_envs, device=device), np.zeros(256, dtype=bool)
+    global_step, start_iteration = 0, 1
+    if ckpt:
+        agent.load_state_dict(ckpt["model"])
+        rnd.load_state_dict(ckpt["rnd"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        obs_rms.load_state_dict(ckpt["obs_rms"])
+        reward_rms.load_state_dict(ckpt["reward_rms"])
+        rewems, rooms_seen = ckpt["rewems"].to(device), ckpt["rooms_seen"].copy()
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        restore_rng(ckpt["rng"], device)
+        print(f"resumed {run_dir} at step {global_step:,}")
+    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    stop = stop_requests()
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    T, N = args.num_steps, args.num_envs
+    envs = make_env(args.env_id, N, args.seed + global_step, args.max_episode_steps, args.sticky_action_prob)
+    # rollout storage, preallocated on the device: uint8 frame stacks, and the last frame of each step's next observation
+    # (what RND sees: the reference's int_rew is the novelty of the frame the step reached)
+    obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8, device=device)
+    frames = torch.zeros((T, N, 1) + obs_space.shape[1:], dtype=torch.uint8, device=device)
+    actions = torch.zeros((T, N), dtype=torch.long, device=device)
+    logprobs, rewards, terminations, dones, valid = (torch.zeros((T, N), device=device) for _ in range(5))
+    ext_values, int_values = torch.zeros((T, N), device=device), torch.zeros((T, N), device=device)
+
+    envs.reset()
+    if not ckpt and args.num_iterations_obs_norm_init > 0:
+        seconds = init_obs_stats(envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n))
+        writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
+        print(f"observation statistics from {args.num_iterations_obs_norm_init * T * N:,} random steps in {seconds:.1f} s")
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    address, episode_rooms = room_address(args.env_id), np.zeros((N, 256), dtype=bool)
+    progress = Progress(args, global_step, args.total_timesteps)
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
+        optimizer.param_groups[0]["lr"] = lr
+
+        # --- rollout ---
+        for step in range(T):
+            global_step += N
+            obs[step] = next_obs
+            with torch.no_grad():
+                actions[step], logprobs[step], ext_values[step], int_values[step] = agent.act(next_obs)
+            next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
+            done = term | trunc
+            # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
+            trained = np.sign(reward) if args.reward_clip else reward
+            step_data = torch.as_tensor(np.stack([trained, term, done, next_valid]), dtype=torch.float32, device=device)
+            rewards[step], terminations[step], dones[step], valid[step] = step_data
+            next_obs = torch.as_tensor(next_obs_np, device=device)
+            frames[step] = next_obs[:, -1:]
+            episode_end, score = game_end_and_score(reward, term, trunc, info, True)
+            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
+                ep_return, ep_length, score, next_valid, episode_end
+            )
+            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+            if address is not None:
+                episode_rooms, rooms_seen, fin_rooms = update_rooms(
+                    episode_rooms, rooms_seen, info["ram"][:, address], episode_end
+                )
+                for rooms in fin_rooms:
+                    writer.add_scalar("charts/episode_rooms", rooms, global_step)
+            next_valid = ~done
+
+        # --- intrinsic rewards (statistics before this rollout, as the reference), observation statistics, advantages ---
+        with torch.no_grad():
+            int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
+            int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma)
+            update_frame_stats(obs_rms, frames.flatten(0, 1))
+            _, next_ext_value, next_int_value = agent(next_obs)
+            ext_advantages, ext_returns = compute_gae(
+                rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
+            )
+            int_advantages, int_returns = intrinsic_gae(
+                int_rewards, int_values, next_int_value, valid, args.int_gamma, args.gae_lambda
+            )
+        batch = dict(
+            obs=obs.flatten(0, 1), frames=frames.flatten(0, 1), actions=actions.flatten(), logprobs=logprobs.flatten(),
+            advantages=(args.ext_coef * ext_advantages + args.int_coef * int_advantages).flatten(),
+            ext_returns=ext_returns.flatten(), int_returns=int_returns.flatten(), valid=valid.flatten(),
+        )  # fmt: skip
+
+        # --- update: PPO and the predictor ---
+        stats = rnd_ppo_update(agent, rnd, optimizer, params, batch, obs_rms, args)
+
+        # --- logging: one host sync per iteration ---
+        names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac", "rnd_loss")
+        *losses, mean_int_reward = torch.cat([
+            stats, explained_variance(ext_values, ext_returns, valid).reshape(1),
+            explained_variance(int_values, int_returns, valid).reshape(1), masked_mean(int_rewards, valid).reshape(1),
+        ]).tolist()  # fmt: skip
+        for name, value in zip(names + ("explained_variance", "int_explained_variance"), losses, strict=True):
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("charts/intrinsic_reward", mean_int_reward, global_step)
+        writer.add_scalar("charts/learning_rate", lr, global_step)
+        extra = ""
+        if address is not None:
+            writer.add_scalar("charts/rooms_visited_total", int(rooms_seen.sum()), global_step)
+            extra = f" | rooms {int(rooms_seen.sum())}"
+        progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
+
+        # --- evaluation, checkpoint, stop requests ---
+        if crossed(global_step, args.batch_size, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
+            save_checkpoint(
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                model=agent.state_dict(), rnd=rnd.state_dict(), optimizer=optimizer.state_dict(),
+                obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(), rewems=rewems.cpu(),
+                rooms_seen=rooms_seen, global_step=global_step, iteration=iteration, rng=rng_state(device),
+            )  # fmt: skip
+        if stop:
+            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
+
+    # --- final model: both networks and every statistic, saved, reloaded from disk, evaluated ---
+    envs.close()
+    if args.save_model:
+        model_path = os.path.join(run_dir, "rnd_ppo.model")
+        save_checkpoint(
+            model_path, "model", args, run_dir, model=agent.state_dict(), rnd=rnd.state_dict(),
+            obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(), rewems=rewems.cpu(),
+        )  # fmt: skip
+        state = load_checkpoint(model_path, args.env_id, kind="model")
+        eval_agent = Agent(obs_space, action_space).to(device)
+        eval_agent.load_state_dict(state["model"])
+        log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
+    finish(writer, run_dir)
+
+
+# ===============================================================================================================
+# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
+# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# ===============================================================================================================
+SCRIPT = os.path.basename(__file__)
+
+
+def fail(message: str):
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
+    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    defaults = preset_defaults(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+    except SystemExit as e:
+        if e.code:
+            fail(tyro_error_line(captured.getvalue()))
+        raise
+    check_ranges(args)
+    return resumed_args(args, argv) if args.resume else args
+
+
+def flag_value(argv: list[str], name: str, default: str) -> str:
+    """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
+    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
+    for i, arg in enumerate(argv):
+        key, eq, given = arg.partition("=")
+        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
+            value = given if eq else argv[i + 1]
+    return value
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
+    rows = [row.strip("│ ") for row in text.splitlines()]
+    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+    if "Perhaps you meant:" in rows and hints:
+        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
+    return f"{message}; see {SCRIPT} --help"
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
+    for name, interval in RANGES.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def resumed_args(args: Args, argv: list[str]) -> Args:
+    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+    saved = load_checkpoint(args.resume, args.env_id)["args"]
+    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    fields = [f.name for f in dataclasses.fields(Args)]
+    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
+    if ignored:
+        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
+    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+
+
+def new_run_name(args: Args) -> str:
+    safe_id = args.env_id.replace("/", "-").replace(":", "-")
+    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+
+def make_run_dir(run_name: str) -> str:
+    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
+    run_dir = os.path.join("runs", run_name)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".writable"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".writable"))
+    except OSError as e:
+        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
+    return run_dir
+
+
+def seed_and_device(args: Args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def rng_state(device: torch.device) -> dict:
+    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return rng
+
+
+def restore_rng(rng: dict, device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
+    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
+    checkpoint, so that no step of the curve repeats."""
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
+    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+
+    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
+        self.interval, self.total, self.unit = args.progress_interval, total, unit
+        self.start_step, self.start_done = global_step, global_step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
+        self.recent_returns: list[float] = []
+
+    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+        for episodic_return, length in zip(returns, lengths, strict=True):
+            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
+
+    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+        seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
+        sps = int((global_step - self.start_step) / seconds)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.interval:
+            self.last_print = time.time()
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
+            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+            print(
+                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
+                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
+                flush=True,
+            )
+        return sps
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluations) does not count towards SPS and the ETA."""
+        start = time.time()
+        yield
+        self.paused_seconds += time.time() - start
+
+
+def stop_requests() -> list[int]:
+    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
+    the signal); a second one kills at once."""
+    stop: list[int] = []
+
+    def request_stop(signum, _frame):
+        stop.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def crossed(count: int, advanced: int, every: int) -> bool:
+    """The evaluation and checkpoint schedule: True when the last `advanced` steps passed a multiple of every (0: never)."""
+    return every > 0 and count // every > (count - advanced) // every
+
+
+def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
+    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
+    """A checkpoint of this script and env, or one line that says what the file is instead."""
+    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    if not os.path.isfile(path):
+        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+    try:
+        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
+    script = state.get("script") if isinstance(state, dict) else None
+    if script != SCRIPT:
+        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
+        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    if state["kind"] != kind:
+        fail(
+            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
+            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        )
+    if state["args"]["env_id"] != env_id:
+        fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    return state
+
+
+def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
+    writer.close()
+    envs.close()
+    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    sys.exit(128 + stop[0])
+
+
+def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
+    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
+    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
+
+
+def write_video(path: str | None, frames: list) -> None:
+    if path is not None and frames:
+        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+
+
+def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
+    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
+    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
+
+
+def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
+    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    for episodic_return in returns:
+        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
+    print(
+        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
+    )
+    print(f"model: {model_path}")
+
+
+def finish(writer: SummaryWriter, run_dir: str) -> None:
+    writer.close()
+    print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
+
+
+if __name__ == "__main__":
+    main(parse_args())
