@@ -450,6 +450,21 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 # ---------------------------------------------------------------------------------------------------------------
 # Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
 # ---------------------------------------------------------------------------------------------------------------
+def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
+    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
+    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
+    one GPU). Returns (device, backend, a line to say or None)."""
+    if device.type != "cuda":
+        return device, "gloo", None
+    if local_world_size <= gpus:
+        return torch.device(f"cuda:{local_rank}"), "nccl", None
+    note = (
+        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
+        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
+    )
+    return torch.device("cpu"), "gloo", note
+
+
 def gather_members(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' member rows, in member order (process r holds the r-th slice). The only data exchanged."""
     if world_size == 1:
@@ -494,12 +509,15 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     # only process 0 writes logs, checkpoints and models
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
-    device = seed_and_device(args)
-    if device.type == "cuda":  # one GPU per process
-        device = torch.device(f"cuda:{local_rank}")
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count()
+    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, gpus)
+    if note and rank == 0:
+        print(note, flush=True)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend)
 
     # the same seed gives every process the same initial parameters, theta, which ES perturbs as one flat vector
     continuous = isinstance(action_space, gym.spaces.Box)

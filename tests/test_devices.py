@@ -1,0 +1,61 @@
+"""Devices: a checkpoint written on CUDA resumes on a CPU-only machine, and es.py's processes find a device each under
+torchrun whatever the number of GPUs. Runs on a CPU (the CUDA side is simulated: see cuda_tagged)."""
+
+import contextlib
+
+import pytest
+import torch
+
+from conftest import load_algorithm, only_run, run_algorithm, scalars
+
+es = load_algorithm("es")
+
+
+@contextlib.contextmanager
+def cuda_tagged():
+    """torch.save writes every storage as if it lived on cuda:0, as a checkpoint saved by a CUDA run is; loading such a
+    file without map_location on a machine without CUDA fails."""
+    entry = (-1, lambda storage: "cuda:0", lambda storage, location: None)
+    torch.serialization._package_registry.insert(0, entry)
+    try:
+        yield
+    finally:
+        torch.serialization._package_registry.remove(entry)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a CUDA checkpoint on a machine without CUDA")
+@pytest.mark.parametrize(
+    "algo, flags",
+    [
+        ("ppo", ["--total-timesteps", "2560", "--checkpoint-every", "1024"]),
+        ("dqn", ["--total-timesteps", "1500", "--learning-starts", "500", "--checkpoint-every", "1000"]),
+    ],
+)
+def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu(algo, flags, tmp_path):
+    run_algorithm(algo, "--env-id", "CartPole-v1", *flags, "--progress-interval", "0", cwd=tmp_path)
+    run = only_run(tmp_path)
+    checkpoint = run / "checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    state["rng"]["cuda"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's generator states come along too
+    with cuda_tagged():
+        torch.save(state, checkpoint)
+    with pytest.raises(RuntimeError, match="CUDA"):  # the file really is CUDA-tagged: a plain load fails here
+        torch.load(checkpoint, weights_only=False)
+    proc = run_algorithm(algo, "--resume", str(checkpoint), cwd=tmp_path)
+    assert f"resumed {run.relative_to(tmp_path)} at step {state['global_step']:,}" in proc.stdout
+    assert max(step for step, _, _ in scalars(run)["charts/SPS"]) > state["global_step"]  # it trained on from there
+
+
+@pytest.mark.parametrize(
+    "device, local_rank, local_world_size, gpus, expected, backend",
+    [
+        ("cpu", 1, 2, 0, "cpu", "gloo"),  # --no-cuda or no GPU: gloo on the CPU
+        ("cuda", 1, 2, 2, "cuda:1", "nccl"),  # a GPU per process
+        ("cuda", 0, 1, 1, "cuda:0", "nccl"),  # one process, one GPU
+        ("cuda", 1, 2, 1, "cpu", "gloo"),  # two processes, one GPU: rank 1 used to ask for cuda:1 and fail
+    ],
+)
+def test_each_torchrun_process_gets_a_device_that_exists(device, local_rank, local_world_size, gpus, expected, backend):
+    got, got_backend, note = es.process_device(torch.device(device), local_rank, local_world_size, gpus)
+    assert (str(got), got_backend) == (expected, backend)
+    assert (note is not None) == (device == "cuda" and local_world_size > gpus)
