@@ -35,6 +35,8 @@ def load_algorithm(name: str):
 # Subprocess limits: about 30x what a smoke run takes on the 2-core development machine, so that a CI machine three
 # times slower and loaded does not time out (learning checks pass their own, measured the same way).
 SMOKE_TIMEOUT = 900
+# bit-for-bit comparisons and margins measured on CPU need the CPU: CUDA kernels are not bit-deterministic
+CPU = "--no-cuda"
 
 
 def one_thread(env: dict | None) -> dict:
@@ -58,7 +60,8 @@ def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEO
 def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTERM, unit: str = "step", env=None) -> str:
     """Start algorithms/<name>.py, send `sig` once its progress line ("<unit> N/total ...") reaches N >= at, wait,
     and check the exit: 128 + sig after the checkpoint that SIGTERM and SIGINT ask for, -9 for SIGKILL. Returns
-    its output."""
+    its output. On the machine's device: most callers check steps and files, not values to the bit; those that do
+    pass CPU."""
     cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True, env=one_thread(env))
     for line in proc.stdout:
@@ -72,11 +75,12 @@ def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTER
 
 def seeded_runs(name: str, seeds, cwd: Path, *flags: str, tags=(), read=None, env=None) -> list:
     """Run algorithms/<name>.py once per seed (exp names s0, s1, ...) and return, for each run, read(run_dir), or by
-    default the logged values of each of tags."""
+    default the logged values of each of tags. On the CPU (--no-cuda) whatever the machine has: the callers compare
+    runs to the bit, which only the CPU repeats (CUDA kernels are not bit-deterministic)."""
     read = read or (lambda run: [values(run, t) for t in tags])
     runs = []
     for i, seed in enumerate(seeds):
-        run_algorithm(name, "--seed", str(seed), "--exp-name", f"s{i}", *flags, cwd=cwd, env=env)
+        run_algorithm(name, "--seed", str(seed), "--exp-name", f"s{i}", CPU, *flags, cwd=cwd, env=env)
         runs.append(read(next((cwd / "runs").glob(f"*__s{i}__*"))))
     return runs
 

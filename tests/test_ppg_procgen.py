@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import (
+    CPU,
     ROOT,
     SMOKE_TIMEOUT,
     assert_one_error_line,
@@ -28,8 +29,8 @@ from conftest import (
 
 ppg = load_algorithm("ppg_procgen")
 
-# a tiny configuration: 4 envs x 32 steps, phases of 2 policy iterations, one auxiliary epoch
-TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-pi", "2", "--e-aux", "1", "--no-cuda"]
+# a tiny configuration: 4 envs x 32 steps, phases of 2 policy iterations, one auxiliary epoch (on the machine's device)
+TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-pi", "2", "--e-aux", "1"]
 TAGS = {
     "charts/episodic_return",
     "charts/episodic_length",
@@ -277,7 +278,8 @@ def test_phase_buffer_holds_every_frame_the_policy_saw_in_order(tmp_path, monkey
     monkeypatch.setattr(ppg, "make_env", recording_make_env)
     monkeypatch.setattr(ppg, "run_aux_phase", recording_aux)
     flags = ["--env-id", "BigfishEasy-v0", "--num-envs", "3", "--num-steps", "60", "--num-minibatches", "1"]
-    flags += ["--n-pi", "2", "--e-aux", "1", "--total-timesteps", str(3 * 60 * 5), "--no-cuda", "--progress-interval", "1e9"]
+    # on the CPU: the phase buffers are read here as numpy arrays
+    flags += ["--n-pi", "2", "--e-aux", "1", "--total-timesteps", str(3 * 60 * 5), CPU, "--progress-interval", "1e9"]
     proc = run_in_process("ppg_procgen", lambda m: m.main(m.parse_args(flags)), tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(phases) == 2  # after iterations 2 and 4, not after the last (5)
@@ -343,7 +345,8 @@ def test_same_seed_same_run_on_cpu(tmp_path):
 )
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
     ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "StarpilotEasy-v0", "ppo.py")
-    flags = [ppo_checkpoint if f == "PPO_CHECKPOINT" else f for f in [*TINY, *flags]]
+    # on the CPU: the phase's memory check names the CPU's free memory
+    flags = [ppo_checkpoint if f == "PPO_CHECKPOINT" else f for f in [*TINY, CPU, *flags]]
     assert_one_error_line("ppg_procgen", run_bad_input("ppg_procgen", flags, tmp_path, "BigfishEasy-v0"), message)
 
 
@@ -361,11 +364,13 @@ def stop_when(flags, cwd, starts_with: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("where", ["step 256/", "auxiliary phase 2:"])
-def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_or_repeating_steps(where, tmp_path):
+@pytest.mark.parametrize("where, device", [("step 256/", []), ("auxiliary phase 2:", [CPU])])
+def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_or_repeating_steps(where, device, tmp_path):
     """A stop at iteration 2 of phase 2 (its first slot's frames go beside the checkpoint) or inside phase 2's
-    auxiliary phase (all of the phase's frames, the old policy's logits and the minibatch reached)."""
-    flags = [*TINY, "--total-timesteps", "1024", "--progress-interval", "0", "--aux-rollouts", "1"]
+    auxiliary phase (all of the phase's frames, the old policy's logits and the minibatch reached). The stop inside
+    the auxiliary phase runs on the CPU: the signal must land before the phase's 8 minibatches end, timing measured
+    there (a GPU may finish them first)."""
+    flags = [*TINY, *device, "--total-timesteps", "1024", "--progress-interval", "0", "--aux-rollouts", "1"]
     if where.startswith("step"):
         stop_run("ppg_procgen", *flags, cwd=tmp_path, at=384)
     else:
