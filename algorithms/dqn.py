@@ -541,6 +541,7 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     device = seed_and_device(args)
+    say_device(device)
 
     q_network = QNetwork(obs_space, action_space).to(device)
     target_network = QNetwork(obs_space, action_space).to(device)
@@ -778,6 +779,13 @@ def seed_and_device(args: Args) -> torch.device:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def say_device(device: torch.device) -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+    threads = torch.get_num_threads()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -512,8 +512,10 @@ def main(args: Args) -> None:
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     gpus = torch.cuda.device_count()
     device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, gpus)
-    if note and rank == 0:
-        print(note, flush=True)
+    if rank == 0:
+        say_device(device)
+        if note:
+            print(note, flush=True)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.world_size > 1:
@@ -738,6 +740,13 @@ def seed_and_device(args: Args) -> torch.device:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def say_device(device: torch.device) -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+    threads = torch.get_num_threads()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -517,6 +517,7 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     device = seed_and_device(args)
+    say_device(device)
 
     q = torch.zeros((obs_space.n if not grid.bins else grid.num_states, action_space.n), dtype=torch.float64, device=device)
     global_step, start_iteration = 0, 1
@@ -739,6 +740,13 @@ def seed_and_device(args: Args) -> torch.device:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def say_device(device: torch.device) -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+    threads = torch.get_num_threads()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
 
 
 def rng_state(device: torch.device) -> dict:
