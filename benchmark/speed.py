@@ -41,6 +41,7 @@ CONFIGS = [
     ("ddpg_td3", "Hopper-v4", 1, 5_000, ["--learning-starts", "256"]),
     ("es", "CartPole-v1", 256, 20, []),
     ("ppg_procgen", "StarpilotEasy-v0", 64, 49_152, ["--n-pi", "2", "--e-aux", "1"]),
+    ("rnd_ppo", "MontezumaRevenge-v5", 128, 32_768, ["--num-iterations-obs-norm-init", "0"]),
 ]
 # es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
 # (64 envs x 256 steps) with phases of 2 policy iterations, so that an auxiliary epoch is timed within minutes: its SPS

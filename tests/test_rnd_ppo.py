@@ -241,10 +241,12 @@ def test_the_loss_matches_a_hand_computation():
 # Novelty fades
 # ---------------------------------------------------------------------------------------------------------------
 def test_novelty_fades_on_frames_the_predictor_trains_on_and_stays_on_frames_it_never_saw():
-    """The predictor trained (Adam, lr 1e-4, as the defaults) on 64 Montezuma frames with statistics from them: its error
-    there falls, while on 64 Venture frames, which it never saw, it stays high. Measured: TBD."""
-    torch.manual_seed(0)
+    """The predictor trained (100 Adam steps at the default lr 1e-4) on 64 Montezuma frames, with observation statistics
+    from them: its error there falls, while on 64 Venture frames, which it never saw, it stays high. Measured with
+    weight seeds 0, 1, 2: the trained error fell 8.7-9.0x (asserted: 4x); Venture's kept 47-56% of its start (asserted:
+    30%) and ended 554-623x the trained error (asserted: 100x)."""
     seen, unseen = atari_frames("MontezumaRevenge-v5", 64, seed=1), atari_frames("Venture-v5", 64, seed=2)
+    torch.manual_seed(0)
     rms = rnd_ppo.RunningMeanStd((1, 84, 84), torch.device("cpu"))
     rnd_ppo.update_frame_stats(rms, seen)
     rnd = rnd_ppo.RNDModel()
@@ -262,9 +264,8 @@ def test_novelty_fades_on_frames_the_predictor_trains_on_and_stays_on_frames_it_
         loss.backward()
         optimizer.step()
     seen_after, unseen_after = errors()
-    print(seen_before, unseen_before, seen_after, unseen_after)
-    assert seen_after < 0.1 * seen_before
-    assert unseen_after > 10 * seen_after
+    assert seen_after < seen_before / 4
+    assert unseen_after > 0.3 * unseen_before and unseen_after > 100 * seen_after
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,7 +313,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(tmp_path):
     assert all(v == 40 for _, v, _ in logged["charts/episodic_length"])  # the cap (a truncation) ends every episode
     model = torch.load(run / "rnd_ppo.model", weights_only=False)
     assert {"model", "rnd", "obs_rms", "reward_rms", "rewems"} <= set(model)
-    assert "critic_int.weight" in model["model"] and "predictor.6.weight" in model["rnd"] and "target.0.weight" in model["rnd"]
+    assert "critic_int.weight" in model["model"] and {"predictor.11.weight", "target.0.weight"} <= set(model["rnd"])
     # the statistics saw the random steps and both rollouts' frames (4 envs x 32 steps each time)
     assert model["obs_rms"]["count"].item() == pytest.approx(3 * 128 + 1e-4)
     assert model["reward_rms"]["count"].item() > 200 and model["rewems"].shape == (4,)
