@@ -466,6 +466,27 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 # ---------------------------------------------------------------------------------------------------------------
 # Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
+def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
+    """The acting step and the minibatch update, the two functions `--compile` hands to torch.compile (LeanRL's
+    approach: the same code, traced once); without it they run eagerly, as written here."""
+
+    def update(obs, actions, logprobs, values, advantages, returns, valid):
+        """One minibatch: the PPO loss, its gradient (norm clipped), an Adam step; returns the loss terms."""
+        optimizer.zero_grad(set_to_none=True)
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        loss, mb_stats = ppo_loss(
+            newlogprob, logprobs, entropy, newvalue, values, advantages, returns, valid,
+            args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef, args.norm_adv,
+        )  # fmt: skip
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return mb_stats
+
+    act = agent.get_action_and_value
+    return (torch.compile(act), torch.compile(update)) if args.compile else (act, update)
+
+
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
     """One conversion per step: frames stay uint8 (the network scales them); vectors become float32, normalised with
     running statistics when --norm-obs is on."""
@@ -544,23 +565,7 @@ def main(args: Args) -> None:
     # Huang et al. 2022, detail 3; compiled, the rate is a tensor, so that annealing it does not recompile the update
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, eps=1e-5)
-
-    def update(obs, actions, logprobs, values, advantages, returns, valid):
-        """One minibatch: the PPO loss, its gradient (norm clipped), an Adam step; returns the loss terms."""
-        optimizer.zero_grad(set_to_none=True)
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
-        loss, mb_stats = ppo_loss(
-            newlogprob, logprobs, entropy, newvalue, values, advantages, returns, valid,
-            args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef, args.norm_adv,
-        )  # fmt: skip
-        loss.backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        optimizer.step()
-        return mb_stats
-
-    act = agent.get_action_and_value
-    if args.compile:  # the only compiled code: the same two functions, traced once (LeanRL's approach)
-        act, update = torch.compile(act), torch.compile(update)
+    act, update = training_steps(agent, optimizer, args)
     obs_rms = RunningMeanStd(obs_space.shape, device) if args.norm_obs else None
     return_rms = RunningMeanStd((), device) if args.norm_reward else None
     global_step, start_iteration = 0, 1
