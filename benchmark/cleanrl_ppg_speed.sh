@@ -11,13 +11,10 @@
 #   offline: CLEANRL=path/to/a/copy (git show HEAD:cleanrl/ppg_procgen.py in a clone of vwxyzjn/cleanrl; fe8d8a03 measured)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEPS=${DEPS:-/tmp/cleanrl_ppg_deps}
-CLEANRL=${CLEANRL:-$DEPS/cleanrl_ppg_procgen.py}
-mkdir -p "$DEPS"
-[ -d "$DEPS/gym" ] || python -m pip install -q --target "$DEPS" --no-deps gym==0.23.1 gym_notices
-[ -f "$CLEANRL" ] || curl -sSL https://raw.githubusercontent.com/vwxyzjn/cleanrl/master/cleanrl/ppg_procgen.py -o "$CLEANRL"
+source benchmark/common.sh
+DEPS=${DEPS:-/tmp/cleanrl_deps}
+CLEANRL=$(cleanrl_script ppg_procgen.py)
 RUNS=$(mktemp -d)
-stamp() { python -u -c 'import sys, time; t = time.time(); [print(f"  {time.time() - t:7.1f} s  {line}", end="") for line in sys.stdin]'; }
 echo "CleanRL ppg_procgen.py (one network, 'detach'):"
 (cd "$RUNS" && PYTHONUNBUFFERED=1 PYTHONPATH="$DEPS:$OLDPWD/benchmark/procgen_shim" /usr/bin/time -f "%e s wall, %M KiB peak RSS" \
     python "$CLEANRL" --env-id starpilot --total-timesteps 32768 --n-iteration 2 --e-auxiliary 1 --no-cuda 2>&1 |

@@ -11,15 +11,12 @@
 #   offline: CLEANRL=path/to/a/copy (git show HEAD:cleanrl/ppo_rnd_envpool.py in a clone of vwxyzjn/cleanrl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DEPS=${DEPS:-/tmp/cleanrl_ppg_deps}
-CLEANRL=${CLEANRL:-$DEPS/cleanrl_ppo_rnd_envpool.py}
+source benchmark/common.sh
+DEPS=${DEPS:-/tmp/cleanrl_deps}
+CLEANRL=$(cleanrl_script ppo_rnd_envpool.py)
 ITERS=${ITERS:-4}
-mkdir -p "$DEPS"
-[ -d "$DEPS/gym" ] || python -m pip install -q --target "$DEPS" --no-deps gym==0.23.1 gym_notices
-[ -f "$CLEANRL" ] || curl -sSL https://raw.githubusercontent.com/vwxyzjn/cleanrl/master/cleanrl/ppo_rnd_envpool.py -o "$CLEANRL"
 RUNS=$(mktemp -d)
 STEPS=$((ITERS * 16384))
-stamp() { python -u -c 'import sys, time; t = time.time(); [print(f"  {time.time() - t:7.1f} s  {line}", end="") for line in sys.stdin]'; }
 sps() { python -c '
 import re, sys
 times = [float(line.split()[0]) for line in sys.stdin if re.search(sys.argv[1], line)]

@@ -7,3 +7,17 @@ bench() {
   python benchmark/run.py --algo "$algo" --name "$name" --seeds 3 --env-ids "$@"
   python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
 }
+
+# For the scripts that time a CleanRL script beside ours (benchmark/cleanrl_*_speed.sh):
+# cleanrl_script FILE: gym 0.23 into $DEPS (pip --target, no deps), and CleanRL's cleanrl/FILE into $DEPS unless
+# $CLEANRL names a local copy; prints the script's path.
+cleanrl_script() {
+  DEPS=${DEPS:-/tmp/cleanrl_deps}
+  mkdir -p "$DEPS"
+  [ -d "$DEPS/gym" ] || python -m pip install -q --target "$DEPS" --no-deps gym==0.23.1 gym_notices >&2
+  local script=${CLEANRL:-$DEPS/cleanrl_$1}
+  [ -f "$script" ] || curl -sSL "https://raw.githubusercontent.com/vwxyzjn/cleanrl/master/cleanrl/$1" -o "$script"
+  echo "$script"
+}
+# stamp: every line of stdin prefixed with the seconds since the pipe started.
+stamp() { python -u -c 'import sys, time; t = time.time(); [print(f"  {time.time() - t:7.1f} s  {line}", end="") for line in sys.stdin]'; }
