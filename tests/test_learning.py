@@ -4,7 +4,7 @@ import envpool
 import numpy as np
 import pytest
 
-from conftest import CPU, only_run, run_algorithm, scalars, values
+from conftest import CPU, only_run, run_algorithm, scalars
 
 
 @pytest.mark.learning
@@ -16,17 +16,21 @@ def test_ppo_cartpole_learns_within_50k_steps(tmp_path):
     benchmark/ppo.sh classic) reaches 500. About 30 s here; the limit allows a machine ten times slower. On the CPU,
     where the margin was measured."""
     run_algorithm("ppo", "--seed", "1", "--total-timesteps", "50000", CPU, cwd=tmp_path, timeout=900)
-    returns = np.array(values(only_run(tmp_path), "charts/episodic_return"))
-    means = np.convolve(returns, np.ones(20) / 20, mode="valid")
+    _, means = twenty_episode_means(only_run(tmp_path))
     assert len(means) and means.max() >= 200, f"best 20-episode mean {means.max() if len(means) else None}"
+
+
+def twenty_episode_means(run):
+    """The rolling 20-episode means of a run's returns, with the step of each window's last episode."""
+    points = scalars(run)["charts/episodic_return"]
+    steps, returns = np.array([s for s, _, _ in points]), np.array([v for _, v, _ in points])
+    return steps[19:], np.convolve(returns, np.ones(20) / 20, mode="valid")
 
 
 def first_step_at_200(run) -> int | None:
     """The step at which CartPole's 20-episode mean first reaches 200 (None: never)."""
-    points = scalars(run)["charts/episodic_return"]
-    steps, returns = np.array([s for s, _, _ in points]), np.array([v for _, v, _ in points])
-    means = np.convolve(returns, np.ones(20) / 20, mode="valid")
-    reached = steps[19:][means >= 200]
+    steps, means = twenty_episode_means(run)
+    reached = steps[means >= 200]
     return int(reached[0]) if len(reached) else None
 
 
