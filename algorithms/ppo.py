@@ -46,6 +46,9 @@ class Args:
     compile: bool = False
     """torch.compile the acting step and the minibatch update (inductor, on CPU and CUDA; the first iterations pay the
     compile time, about 20 s): off by default, the eager code is the one to read"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
+    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -484,7 +487,10 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
         return mb_stats
 
     act = agent.get_action_and_value
-    return (torch.compile(act), torch.compile(update)) if args.compile else (act, update)
+    if not args.compile:
+        return act, update
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
 
 
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
@@ -534,6 +540,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.norm_obs and obs_space.dtype == np.uint8:
         # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead
         fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.compile = args.compile or args.cudagraphs
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
