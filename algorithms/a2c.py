@@ -44,6 +44,12 @@ class Args:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the acting step and the update (inductor, on CPU and CUDA; the first iterations pay the compile
+    time, about 20 s): off by default, the eager code is the one to read"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
+    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -439,7 +445,7 @@ class RMSpropTF(torch.optim.Optimizer):
                     self.state[p]["square_avg"] = torch.ones_like(p)
                 square_avg = self.state[p]["square_avg"]
                 square_avg.mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
-                p.addcdiv_(p.grad, (square_avg + group["eps"]).sqrt(), value=-group["lr"])
+                p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr a float or, compiled, a tensor
 
 
 def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
@@ -468,6 +474,29 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 # ---------------------------------------------------------------------------------------------------------------
 # Evaluation and argument checks of this algorithm
 # ---------------------------------------------------------------------------------------------------------------
+def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
+    """The acting step and the update, the two functions `--compile` hands to torch.compile (LeanRL's approach: the
+    same code, traced once); without it they run eagerly, as written here."""
+
+    def update(obs, actions, advantages, returns, valid):
+        """The whole rollout: the A2C loss, its gradient (norm clipped), an RMSprop step; returns the loss terms."""
+        optimizer.zero_grad(set_to_none=True)
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        loss, step_stats = a2c_loss(
+            newlogprob, entropy, newvalue, advantages, returns, valid, args.ent_coef, args.vf_coef, args.norm_adv
+        )
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return step_stats
+
+    act = agent.get_action_and_value
+    if not args.compile:
+        return act, update
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
+
+
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
     """One conversion per step: frames stay uint8 (the network scales them); vectors become float32, normalised with
     running statistics when --norm-obs is on."""
@@ -515,6 +544,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.norm_obs and obs_space.dtype == np.uint8:
         # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead
         fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.compile = args.compile or args.cudagraphs
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations < 1:
@@ -538,6 +570,9 @@ def main(args: Args) -> None:
 
     agent = Agent(obs_space, action_space).to(device)
     optimizer = make_optimizer(agent.parameters(), args)
+    if args.compile:  # the rate as a tensor, so that annealing it does not recompile the update
+        optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=device)
+    act, update = training_steps(agent, optimizer, args)
     obs_rms = RunningMeanStd(obs_space.shape, device) if args.norm_obs else None
     return_rms = RunningMeanStd((), device) if args.norm_reward else None
     global_step, start_iteration = 0, 1
@@ -573,14 +608,17 @@ def main(args: Args) -> None:
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
-        optimizer.param_groups[0]["lr"] = lr
+        if args.compile:
+            optimizer.param_groups[0]["lr"].fill_(lr)
+        else:
+            optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
         for step in range(T):
             global_step += N
             obs[step] = next_obs
             with torch.no_grad():
-                action, _, _, value = agent.get_action_and_value(next_obs)
+                action, _, _, value = act(next_obs)
             actions[step], values[step] = action, value
             env_action = action.cpu().numpy()
             if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
@@ -612,15 +650,7 @@ def main(args: Args) -> None:
         b_advantages, b_returns, b_values, b_valid = (x.reshape(-1) for x in (advantages, returns, values, valid))
 
         # --- update: one gradient step on the whole rollout ---
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs, b_actions)
-        loss, step_stats = a2c_loss(
-            newlogprob, entropy, newvalue, b_advantages, b_returns, b_valid, args.ent_coef, args.vf_coef, args.norm_adv
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        optimizer.step()
-        stats += step_stats
+        stats += update(b_obs, b_actions, b_advantages, b_returns, b_valid)
         num_updates += 1
 
         # --- logging: one host sync per log interval, since 5-step rollouts make an iteration short ---

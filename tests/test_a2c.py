@@ -190,6 +190,45 @@ def test_optimiser_is_rmsprop_with_baselines_settings():
     assert isinstance(a2c.make_optimizer(params, a2c.Args(rmsprop_tf_like=True)), a2c.RMSpropTF)
 
 
+def test_compiled_update_and_acting_step_equal_the_eager_ones():
+    """--compile traces the same functions: from the same weights and rollout, one compiled update (loss, clipped
+    gradient, RMSprop with the rate as a tensor) leaves the same weights as the eager one, and the compiled acting step
+    scores the same actions with the same log-probabilities and values."""
+    obs_space, action_space = gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2)
+    torch.manual_seed(0)
+    obs, actions = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    advantages, returns, valid = torch.randn(40), torch.randn(40), (torch.rand(40) > 0.1).float()
+    results = []
+    for compile_ in (False, True):
+        args = a2c.Args(compile=compile_)
+        torch.manual_seed(1)
+        agent = a2c.Agent(obs_space, action_space)
+        optimizer = a2c.make_optimizer(agent.parameters(), args)
+        if compile_:
+            optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate)
+        act, update = a2c.training_steps(agent, optimizer, args)
+        before = torch.cat([p.detach().flatten() for p in agent.parameters()])
+        with torch.no_grad():
+            _, logprob, entropy, value = act(obs, actions)
+        stats = torch.stack([update(obs, actions, advantages, returns, valid) for _ in range(3)])
+        results.append((logprob, entropy, value, stats, torch.cat([p.detach().flatten() for p in agent.parameters()])))
+    for eager, compiled in zip(*results, strict=True):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(results[0][4], before)  # the update did move the weights
+
+
+def test_rmsprop_tf_like_takes_the_rate_as_a_float_or_a_tensor():
+    """Compiled runs hold the learning rate in a tensor (annealing it then does not recompile): the same step either way."""
+    params = [torch.nn.Parameter(torch.tensor([1.0, -2.0])) for _ in range(2)]
+    for p, lr in zip(params, (0.1, torch.tensor(0.1)), strict=True):
+        opt = a2c.RMSpropTF([p], lr=lr, alpha=0.9, eps=1e-5)
+        for _ in range(2):
+            p.grad = torch.tensor([0.5, 3.0])
+            opt.step()
+    torch.testing.assert_close(params[0].detach(), params[1].detach())
+    assert not torch.equal(params[0].detach(), torch.tensor([1.0, -2.0]))
+
+
 def test_presets_set_real_flags_and_a_given_flag_wins():
     for preset in a2c.PRESETS.values():
         assert set(preset) <= set(a2c.Args.__annotations__)
@@ -210,7 +249,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     "env_id, flags",
     [
         ("CartPole-v1", "--total-timesteps 2000 --capture-video --eval-every 1000 --eval-episodes 3".split()),
-        ("Pendulum-v1", "--total-timesteps 2000 --num-envs 4 --eval-episodes 2".split()),
+        ("Pendulum-v1", "--total-timesteps 2000 --num-envs 4 --eval-episodes 2 --compile --anneal-lr".split()),
         ("Breakout-v5", "--total-timesteps 160 --num-envs 2 --eval-episodes 1".split()),
     ],
 )

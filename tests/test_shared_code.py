@@ -27,6 +27,7 @@ DIFFERENT = {
     "can_render": "imports its own module and calls its own make_env",
     "ReplayBuffer": "dqn.py stores each Atari frame once per env and restacks; ddpg_td3.py keeps flat vectors on the device",
     "select_actions": "epsilon-greedy (dqn.py) against Gaussian exploration noise (ddpg_td3.py)",
+    "training_steps": "each algorithm's acting step and update, the functions --compile hands to torch.compile",
     "td_target": "max or Double-DQN argmax (dqn.py) against the minimum over critics (ddpg_td3.py)",
 }
 
