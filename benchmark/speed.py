@@ -4,7 +4,10 @@
     python benchmark/speed.py --only ppo        # one algorithm's rows
 
 The fraction (script SPS / env SPS) is the share of the env's speed the learner keeps: the figure to watch when
-changing a hot loop. Run it on a quiet machine: other processes on the same cores distort both figures.
+changing a hot loop. The scripts with `--compile` run each row a second time compiled, right after the eager run, and
+on a CUDA machine a third time with `--cudagraphs`; the table gives the ratio of their second-half SPS (compilation
+happens in the first iterations) and the run length from which compiling pays for itself. Run it on a quiet machine:
+other processes on the same cores distort every figure, ratios less than absolute SPS.
 """
 
 import argparse
@@ -43,6 +46,8 @@ CONFIGS = [
     ("ppg_procgen", "StarpilotEasy-v0", 64, 49_152, ["--n-pi", "2", "--e-aux", "1"]),
     ("rnd_ppo", "MontezumaRevenge-v5", 128, 32_768, ["--num-iterations-obs-norm-init", "0"]),
 ]
+# the scripts with --compile (and --cudagraphs, CUDA only)
+COMPILED = {"ppo", "a2c", "dqn", "ddpg_td3"}
 # es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
 # (64 envs x 256 steps) with phases of 2 policy iterations, so that an auxiliary epoch is timed within minutes: its SPS
 # is the policy phase's, and the auxiliary epoch's seconds per policy iteration of frames are shown beside it
@@ -70,25 +75,66 @@ def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def script_sps(algo: str, env_id: str, num_envs: int, steps: int, flags: list[str]) -> tuple[float, str]:
-    """The SPS a training run logs last (its mean over the run, evaluation excluded); for PPG, the policy phase's mean
-    SPS and the auxiliary epoch's time (a note for the table)."""
+def train(algo: str, env_id: str, num_envs: int, steps: int, flags: list[str]) -> tuple[dict, float]:
+    """One training run in a temporary folder: its logged scalars and the whole process's wall time in seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(ROOT / "algorithms" / f"{algo}.py"), "--env-id", env_id]
         if algo == "es":
             cmd += ["--population-size", str(num_envs), "--num-generations", str(steps), *flags]
         else:
             cmd += ["--num-envs", str(num_envs), "--total-timesteps", str(steps), *flags]
+        start = time.perf_counter()
         subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
         (run,) = (Path(tmp) / "runs").iterdir()
-        logged = read_scalars(str(run))
-        if "charts/aux_epoch_seconds" not in logged:
-            return logged["charts/SPS"][-1][1], ""
-        n_pi = int(flags[flags.index("--n-pi") + 1])
-        per_iteration = np.mean([v for _, v, _ in logged["charts/aux_epoch_seconds"]]) / n_pi
-        minutes = 32 * per_iteration / 60
-        note = f"; policy phase; auxiliary epoch {per_iteration:,.0f} s per iteration's frames, {minutes:,.0f} min at N_pi 32"
-        return np.mean([v for _, v, _ in logged["charts/policy_phase_SPS"]]), note
+        return read_scalars(str(run)), seconds
+
+
+def script_sps(logged: dict, flags: list[str]) -> tuple[float, str]:
+    """The SPS a training run logs last (its mean over the run, evaluation excluded); for PPG, the policy phase's mean
+    SPS and the auxiliary epoch's time (a note for the table)."""
+    if "charts/aux_epoch_seconds" not in logged:
+        return logged["charts/SPS"][-1][1], ""
+    n_pi = int(flags[flags.index("--n-pi") + 1])
+    per_iteration = np.mean([v for _, v, _ in logged["charts/aux_epoch_seconds"]]) / n_pi
+    minutes = 32 * per_iteration / 60
+    note = f"; policy phase; auxiliary epoch {per_iteration:,.0f} s per iteration's frames, {minutes:,.0f} min at N_pi 32"
+    return np.mean([v for _, v, _ in logged["charts/policy_phase_SPS"]]), note
+
+
+def late_sps(logged: dict) -> float:
+    """Env steps per second over the second half of a run's SPS events (their steps and wall times): the speed a long
+    run settles at, without the first iterations, which pay torch.compile's compilation."""
+    events = logged["charts/SPS"]
+    (step0, _, time0), (step1, _, time1) = events[len(events) // 2], events[-1]
+    return (step1 - step0) / (time1 - time0) if time1 > time0 else float("nan")
+
+
+def pays_from(eager_seconds: float, compiled_seconds: float, steps: int, eager_sps: float, compiled_sps: float) -> float:
+    """The run length (env steps) from which compiling saves time: the compiled run's fixed cost (its wall time beyond
+    what its steps took at its late speed, less the eager run's same beyond) over the time it saves per step."""
+    saved_per_step = 1 / eager_sps - 1 / compiled_sps
+    fixed = (compiled_seconds - steps / compiled_sps) - (eager_seconds - steps / eager_sps)
+    return max(fixed, 0.0) / saved_per_step if saved_per_step > 0 else float("inf")
+
+
+def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, float], cuda: bool) -> list[str]:
+    """The two compiled columns of a row: --compile's late SPS against the eager run's and the length from which it
+    pays; --cudagraphs' the same on CUDA."""
+    if algo not in COMPILED:
+        return ["-", "-"]
+    eager_late = late_sps(eager[0])
+    cells = []
+    for extra in (["--compile"], ["--compile", "--cudagraphs"]):
+        if "--cudagraphs" in extra and not cuda:
+            cells.append("needs CUDA")
+            continue
+        logged, seconds = train(algo, env_id, num_envs, budget, [*flags, *extra])
+        late = late_sps(logged)
+        length = pays_from(eager[1], seconds, budget, eager_late, late)
+        pays = f"pays from {length:,.0f} steps" if np.isfinite(length) else "never pays"
+        cells.append(f"{late:,.0f} ({late / eager_late:.2f}x eager's {eager_late:,.0f}; {pays})")
+    return cells
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -96,16 +142,20 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--only", nargs="*", default=None, help="rows to measure, as ALGO or ALGO:ENV_ID (default: all)")
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every training budget (e.g. 0.1 to try)")
     p.add_argument("--env-seconds", type=float, default=5.0, help="seconds of random stepping per env")
+    p.add_argument("--no-compile", action="store_true", help="leave out the compiled runs (their columns show '-')")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "speed.md"), help="markdown file to write")
     args = p.parse_args(argv)
     configs = [c for c in CONFIGS if args.only is None or c[0] in args.only or f"{c[0]}:{c[1]}" in args.only]
-    rows = []
+    rows, cuda = [], torch.cuda.is_available()
     for algo, env_id, num_envs, steps, flags in configs:
         budget = max(int(steps * args.steps_scale), 1)
-        learner, note = script_sps(algo, env_id, num_envs, budget, flags)
+        eager = train(algo, env_id, num_envs, budget, flags)
+        learner, note = script_sps(eager[0], flags)
+        compiled = ["-", "-"] if args.no_compile else compiled_cells(algo, env_id, num_envs, budget, flags, eager, cuda)
         env = env_sps(env_id, num_envs, args.env_seconds)
         shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)}{note})" if flags else "")
-        rows.append(f"| {algo}.py | {env_id} | {num_envs} | {shown} | {learner:,.0f} | {env:,.0f} | {learner / env:.1%} |")
+        cells = [f"{algo}.py", env_id, f"{num_envs}", shown, f"{learner:,.0f}", f"{env:,.0f}", f"{learner / env:.1%}"]
+        rows.append("| " + " | ".join([*cells, *compiled]) + " |")
         print(rows[-1], flush=True)
     if args.only is not None and Path(args.out).exists():  # the rows not measured now stay as they were
         key = lambda row: " | ".join(row.split(" | ")[:2])  # noqa: E731  "| algo.py | env_id"
@@ -118,11 +168,12 @@ def main(argv: list[str] | None = None) -> str:
             "# Learner speed against the env's own speed",
             "",
             f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}, "
-            f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}. "
+            f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
             "Command: `python benchmark/speed.py`.",
             "",
-            "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept |",
-            "|---|---|---|---|---|---|---|",
+            "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --compile: second-half"
+            " SPS (x eager's) | --compile --cudagraphs |",
+            "|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             "dqn.py steps its single CartPole-v1 env with gymnasium in the process (`--env-backend auto`), which is",

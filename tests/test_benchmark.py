@@ -83,14 +83,25 @@ def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_r
     out = tmp_path / "s.md"
     header = "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept |\n|---|\n"
     out.write_text(header + "| dqn.py | CartPole-v1 | 1 | kept |\n| ppo.py | CartPole-v1 | 4 | old |\n")
-    flags = ["--only", "ppo:CartPole-v1", "--steps-scale", "0.02", "--env-seconds", "0.5"]
+    flags = ["--only", "ppo:CartPole-v1", "--steps-scale", "0.02", "--env-seconds", "0.5", "--no-compile"]
     text = speed.main([*flags, "--out", str(out)])
     table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(table) == 2 and table[1] == "| dqn.py | CartPole-v1 | 1 | kept |"  # in CONFIGS order; old row gone
     row = table[0]
-    cells = row.strip("|").split(" | ")
+    cells = row.strip("|").split(" | ")  # the last cell keeps the space before the closing bar
     learner, env = (float(c.replace(",", "")) for c in cells[4:6])
-    assert 0 < learner < env and cells[6].strip(" |") == f"{learner / env:.1%}"
+    assert 0 < learner < env and cells[6] == f"{learner / env:.1%}" and cells[7:] == ["-", "- "]
+
+
+def test_compiled_speed_is_the_second_half_and_its_break_even_length():
+    """Eager 1,000 SPS throughout; compiled, 20 s of compilation, then 2,000 SPS: the second half shows 2,000, and a
+    run of L steps takes L/1000 s eager, 20 + L/2000 s compiled, equal at L = 40,000."""
+    compiled = {"charts/SPS": [(step, 0.0, 20 + step / 2000) for step in range(2000, 100_001, 2000)]}
+    eager = {"charts/SPS": [(step, 0.0, step / 1000) for step in range(2000, 100_001, 2000)]}
+    assert speed.late_sps(compiled) == pytest.approx(2000) and speed.late_sps(eager) == pytest.approx(1000)
+    # both processes also pay 3 s of start-up
+    assert speed.pays_from(3 + 100, 3 + 20 + 50, 100_000, 1000, 2000) == pytest.approx(40_000)
+    assert speed.pays_from(3 + 100, 3 + 20 + 125, 100_000, 1000, 800) == float("inf")  # slower compiled: never
 
 
 def test_report_final_evaluation_and_exact_greedy_return(tmp_path):
