@@ -46,6 +46,13 @@ class Args:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the greedy acting step and the TD update (inductor, on CPU and CUDA; the first steps pay the
+    compile time, 10-50 s): off by default, the eager code is the one to read (and on a CPU the classic MLP runs
+    slower compiled, see the README)"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
+    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -463,17 +470,45 @@ def exploration_and_replay_rngs(seed: int) -> tuple[np.random.Generator, np.rand
     return np.random.default_rng(explore_seed), np.random.default_rng(buffer_seed)
 
 
-def select_actions(q_network: nn.Module, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
-    """Epsilon-greedy per env; the network runs only when some env acts greedily, and random actions are drawn only
-    for the envs that explore."""
+def select_actions(act, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
+    """Epsilon-greedy per env, `act` giving the greedy actions (the argmax of the Q-values); the network runs only when
+    some env acts greedily, and random actions are drawn only for the envs that explore."""
     explore = rng.random(obs.shape[0]) < epsilon
     if explore.all():
         return rng.integers(0, n_actions, obs.shape[0])
     with torch.no_grad():
-        actions = q_network(obs).argmax(1).cpu().numpy()
+        actions = act(obs).cpu().numpy()
     if explore.any():
         actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
     return actions
+
+
+def training_steps(q_network: QNetwork, target_network: QNetwork, optimizer: torch.optim.Optimizer, args: Args):
+    """The greedy acting step and the TD update, the two functions `--compile` hands to torch.compile (LeanRL's
+    approach: the same code, traced once); without it they run eagerly, as written here."""
+
+    def act(obs):
+        """The greedy action of each env: the argmax of its Q-values."""
+        return q_network(obs).argmax(1)
+
+    def update(obs, actions, rewards, next_obs, terminations):
+        """One batch: the TD target, the loss, its gradient (norm clipped when asked), an Adam step; returns
+        [loss, mean Q of the taken actions]."""
+        with torch.no_grad():
+            next_q_online = q_network(next_obs) if args.double_q else None
+            targets = td_target(rewards, terminations, target_network(next_obs), args.gamma, next_q_online)
+        loss, q_mean = q_loss(q_network(obs), actions, targets, args.loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return torch.stack([loss, q_mean]).detach()
+
+    if not args.compile:
+        return act, update
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -492,7 +527,8 @@ def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str |
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
-        action = select_actions(q_network, torch.as_tensor(obs, device=device), args.eval_epsilon, n_actions, rng)
+        obs_t = torch.as_tensor(obs, device=device)
+        action = select_actions(lambda x: q_network(x).argmax(1), obs_t, args.eval_epsilon, n_actions, rng)
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
@@ -526,6 +562,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         )
     if args.start_e < args.end_e:
         fail(f"--start-e {args.start_e} is below --end-e {args.end_e}, so epsilon would never decay; swap them")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.compile = args.compile or args.cudagraphs
     if args.capture_video and not can_render(args.env_id, args.env_backend):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
@@ -546,8 +585,10 @@ def main(args: Args) -> None:
     q_network = QNetwork(obs_space, action_space).to(device)
     target_network = QNetwork(obs_space, action_space).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters, a third faster than the per-tensor loop on small networks
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+    # fused: one kernel for all parameters, a third faster than the per-tensor loop on small networks; torch.compile
+    # cannot trace the fused kernel (it would run eagerly between two graphs), so compiled, inductor fuses the foreach one
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=not args.compile)
+    act, update = training_steps(q_network, target_network, optimizer, args)
     explore_rng, buffer_rng = exploration_and_replay_rngs(args.seed)
     global_step = 0
     if ckpt:
@@ -585,7 +626,9 @@ def main(args: Args) -> None:
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    losses, q_means = [], []  # per-update losses and Q means, averaged when logged
+    # per-update [loss, mean Q], summed on the device and averaged when logged; summed at once, since a CUDA graph's
+    # outputs (--cudagraphs) are overwritten by its next replay
+    stats, num_updates = torch.zeros(2, device=device), 0
     env_seconds, update_seconds = 0.0, 0.0
     duration = args.exploration_fraction * args.total_timesteps
 
@@ -593,7 +636,7 @@ def main(args: Args) -> None:
         # --- acting: epsilon-greedy, one step of every env into the replay buffer ---
         global_step += N
         epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-        actions = select_actions(q_network, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
+        actions = select_actions(act, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
         t0 = time.perf_counter()
         next_obs_np, reward, term, trunc, info = envs.step(actions)
         env_seconds += time.perf_counter() - t0
@@ -611,19 +654,10 @@ def main(args: Args) -> None:
         if global_step > train_from:
             t0 = time.perf_counter()
             for _ in range(global_step // args.train_frequency - (global_step - N) // args.train_frequency):
-                obs, b_actions, b_rewards, next_obs, b_terms = rb.sample(args.batch_size, device)
-                with torch.no_grad():
-                    next_q_online = q_network(next_obs) if args.double_q else None
-                    targets = td_target(b_rewards, b_terms, target_network(next_obs), args.gamma, next_q_online)
-                loss, q_mean = q_loss(q_network(obs), b_actions, targets, args.loss)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if args.max_grad_norm > 0:
-                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-                optimizer.step()
-                # kept as a list and stacked once per log interval: no stack and add per update
-                losses.append(loss.detach())
-                q_means.append(q_mean.detach())
+                stats += update(*rb.sample(args.batch_size, device))
+                num_updates += 1
+            # eager, not in the compiled update: one fused lerp every target_network_frequency steps, and the update
+            # would otherwise trace the schedule's branch (or recompile on it)
             if crossed(global_step, N, args.target_network_frequency):
                 soft_update(target_network, q_network, args.tau)
             update_seconds += time.perf_counter() - t0
@@ -631,11 +665,11 @@ def main(args: Args) -> None:
         # --- logging: one host sync per log interval ---
         last = global_step >= args.total_timesteps
         if crossed(global_step, N, args.log_every) or last:
-            if losses:
-                td_loss, q_values = torch.stack([torch.stack(losses), torch.stack(q_means)]).mean(1).tolist()
+            if num_updates:
+                td_loss, q_values = (stats / num_updates).tolist()
                 writer.add_scalar("losses/td_loss", td_loss, global_step)
                 writer.add_scalar("losses/q_values", q_values, global_step)
-                losses, q_means = [], []
+                stats, num_updates = torch.zeros(2, device=device), 0
             writer.add_scalar("charts/epsilon", epsilon, global_step)
             progress.log(writer, global_step, global_step, force=last)
 

@@ -202,6 +202,40 @@ def test_atari_buffer_of_a_million_transitions_stays_under_7_1_gb():
     assert 84 * 84 * 1_000_000 < rb.nbytes() < 7.1e9
 
 
+@pytest.mark.parametrize("flags", [dict(), dict(double_q=True, loss="huber", max_grad_norm=0.5)])
+def test_compiled_update_and_acting_step_equal_the_eager_ones(flags):
+    """--compile traces the same two functions: from the same weights and batches, the compiled TD updates give the
+    same [loss, mean Q] and the same weights as the eager ones, and the compiled acting step the same actions."""
+    obs_space, action_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3)
+    torch.manual_seed(0)
+    online, target = dqn.QNetwork(obs_space, action_space), dqn.QNetwork(obs_space, action_space)
+    target.load_state_dict({k: v + 0.1 for k, v in online.state_dict().items()})  # a target that is not the online net
+    runs = {}
+    for compiled in (False, True):
+        q_network, target_network = dqn.QNetwork(obs_space, action_space), dqn.QNetwork(obs_space, action_space)
+        q_network.load_state_dict(online.state_dict())
+        target_network.load_state_dict(target.state_dict())
+        # as main builds it: fused Adam eagerly, the foreach one (which inductor fuses) compiled
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=1e-2, fused=not compiled)
+        args = dqn.Args(compile=compiled, **flags)
+        act, update = dqn.training_steps(q_network, target_network, optimizer, args)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            greedy = act(10 * torch.randn(256, 4, generator=gen))  # wide enough that every action wins somewhere
+        logged = []
+        for _ in range(3):  # Adam's state after the first step matters too
+            obs, next_obs = torch.randn(64, 4, generator=gen), torch.randn(64, 4, generator=gen)
+            actions = torch.randint(0, 3, (64,), generator=gen)
+            rewards, terms = torch.randn(64, generator=gen), (torch.rand(64, generator=gen) < 0.2).float()
+            logged.append(update(obs, actions, rewards, next_obs, terms))
+        runs[compiled] = torch.stack(logged), [p.detach().clone() for p in q_network.parameters()], greedy
+    (eager_logged, eager_params, eager_greedy), (logged, params, greedy) = runs[False], runs[True]
+    assert torch.allclose(logged, eager_logged, atol=1e-5), (logged, eager_logged)
+    assert not torch.allclose(params[0], online.network[0].weight, atol=1e-3)  # the updates did move the weights
+    assert all(torch.allclose(p, e, atol=1e-5) for p, e in zip(params, eager_params, strict=True))
+    assert torch.equal(greedy, eager_greedy) and len(set(greedy.tolist())) > 1
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # End to end
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,6 +274,14 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
         assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [1000, 2000, 2000, 2000, 2000]
         assert {p.name for p in (run / "videos").iterdir()} == {"eval_1000.mp4", "eval_2000.mp4", "final.mp4"}
         assert (run / "videos" / "final.mp4").stat().st_size > 1000
+
+
+def test_smoke_compiled_on_the_cpu(tmp_path):
+    """--compile on the CPU: inductor's C++ code for the acting step and the update trains, logs and finishes."""
+    run_algorithm("dqn", "--compile", CPU, "--total-timesteps", "1500", *SMALL, cwd=tmp_path)
+    logged = scalars(only_run(tmp_path))
+    assert {"charts/SPS", "losses/td_loss", "losses/q_values"} <= set(logged)
+    assert [step for step, _, _ in logged["losses/td_loss"]] == [1000, 1500]
 
 
 def test_presets_set_real_flags_and_a_given_flag_wins():
