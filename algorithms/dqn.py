@@ -359,7 +359,9 @@ class ReplayBuffer:
         else:
             raise RuntimeError("the replay buffer holds no complete transition")
         obs, next_obs = self.stacks(slots, envs)
-        to = lambda x: torch.from_numpy(x).to(device)  # noqa: E731
+        # on CUDA through pinned memory, without waiting: a copy from pageable memory waits for the GPU's whole queue
+        cuda = device.type == "cuda"
+        to = lambda x: torch.from_numpy(x).pin_memory().to(device, non_blocking=True) if cuda else torch.from_numpy(x)  # noqa: E731
         return (
             to(obs),
             to(self.actions[slots, envs]),
