@@ -47,6 +47,13 @@ class Args:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the acting step with its exploration noise, the critic update and the actor + target update
+    (inductor, on CPU and CUDA; the first steps pay the compile time, about 60 s): off by default, the eager code is
+    the one to read"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
+    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -358,13 +365,16 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
-def update(batch, actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, update_index: int, args: Args):
-    """One critic gradient step; on every policy_frequency-th (update_index counts them from 1) also an actor step
-    and the Polyak updates of both targets (Fujimoto et al. 2018, Algorithm 1).
+def exploration_actions(actions, noise, action_scale, low, high):
+    """TD3's exploration (Fujimoto et al. 2018, Algorithm 1): a = clip(mu(s) + noise * scale, low, high). `noise` is
+    N(0, exploration_noise) in units of the half-range of the bounds."""
+    return (actions + noise * action_scale).clamp(low, high)
 
-    Returns (stats, actor_updated); stats = (qf1_loss, qf2_loss, qf1_values, actor_loss) as a tensor on the
-    device, so the caller accumulates it without a host sync.
-    """
+
+def critic_update(batch, target_actor, critic, target_critic, q_optimizer, args: Args):
+    """One critic gradient step towards the TD target: TD3's with target policy smoothing and clipped double Q, or
+    DDPG's. Returns [qf1_loss, qf2_loss, qf1_values] as a tensor on the device, so the caller sums it without a host
+    sync."""
     obs, actions, rewards, next_obs, terminations = batch
     with torch.no_grad():
         next_actions = target_actor(next_obs)
@@ -384,31 +394,53 @@ def update(batch, actor, target_actor, critic, target_critic, q_optimizer, actor
     q_optimizer.zero_grad(set_to_none=True)
     per_critic.sum().backward()  # the sum: each critic gets the gradient of its own MSE
     q_optimizer.step()
-
-    actor_updated = update_index % args.policy_frequency == 0
-    actor_loss = torch.zeros((), device=q.device)
-    if actor_updated:
-        actor_loss = -critic(obs, actor(obs), critic.first_critic_frozen()).mean()
-        actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        actor_optimizer.step()
-        soft_update(target_actor, actor, args.tau)
-        soft_update(target_critic, critic, args.tau)
-    stats = torch.stack([per_critic[0], per_critic[-1], q[0].mean(), actor_loss]).detach()
-    return stats, actor_updated
+    return torch.stack([per_critic[0], per_critic[-1], q[0].mean()]).detach()
 
 
-def select_actions(actor: Actor, obs: torch.Tensor, noise: float, rng: np.random.Generator, random_actions: bool):
-    """Uniformly random actions within the bounds before learning starts, then the actor's action plus Gaussian
-    noise of std `noise` times the half-range of the bounds, clipped to the bounds."""
-    low, high, scale = actor.bounds
+def actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, tau: float):
+    """The delayed step (Fujimoto et al. 2018, Algorithm 1): the actor ascends the first critic's Q, then the Polyak
+    updates of both targets. Returns the actor loss, detached."""
+    actor_loss = -critic(obs, actor(obs), critic.first_critic_frozen()).mean()
+    actor_optimizer.zero_grad(set_to_none=True)
+    actor_loss.backward()
+    actor_optimizer.step()
+    soft_update(target_actor, actor, tau)
+    soft_update(target_critic, critic, tau)
+    return actor_loss.detach()
+
+
+def training_steps(actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args: Args):
+    """The acting step, the critic update and the actor + target update, the three functions `--compile` hands to
+    torch.compile (LeanRL's td3_continuous_action_torchcompile.py: the same code, traced once); without it they run
+    eagerly, as written here."""
+
+    def act(obs):
+        """The actor's action plus Gaussian exploration noise, clipped to the bounds."""
+        action = actor(obs)
+        noise = torch.randn_like(action) * args.exploration_noise
+        return exploration_actions(action, noise, actor.action_scale, actor.action_low, actor.action_high)
+
+    def update_critic(batch):
+        return critic_update(batch, target_actor, critic, target_critic, q_optimizer, args)
+
+    def update_actor(obs):
+        return actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, args.tau)
+
+    if not args.compile:
+        return act, update_critic, update_actor
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update_critic, mode=mode), torch.compile(update_actor, mode=mode)
+
+
+def select_actions(act, obs: torch.Tensor, bounds, rng: np.random.Generator, random_actions: bool) -> np.ndarray:
+    """Uniformly random actions within the bounds (low, high, ...) before learning starts, then those of `act`: the
+    acting step, or the deterministic actor in evaluation (clipped here: tanh * scale + bias can pass a bound by a
+    rounding error)."""
+    low, high = bounds[0], bounds[1]
     if random_actions:
         return rng.uniform(low, high, (len(obs), len(low))).astype(np.float32)
-    with torch.inference_mode():
-        action = actor(obs).cpu().numpy()
-    if noise > 0:
-        action = action + rng.normal(0.0, 1.0, action.shape) * noise * scale
-    return np.clip(action, low, high).astype(np.float32)
+    with torch.no_grad():
+        return np.clip(act(obs).cpu().numpy(), low, high)
 
 
 def float_tensor(x: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -429,7 +461,7 @@ def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None =
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
-        action = select_actions(actor, float_tensor(obs, device), 0.0, None, False)
+        action = select_actions(actor, float_tensor(obs, device), actor.bounds, None, False)
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
@@ -469,6 +501,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         )
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.compile = args.compile or args.cudagraphs
     cuda = args.cuda and torch.cuda.is_available()
     available = (
         torch.cuda.get_device_properties(0).total_memory if cuda else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -513,10 +548,15 @@ def main(args: Args) -> None:
     critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
     target_critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
     target_critic.load_state_dict(critic.state_dict())
-    # fused: one kernel for all parameters instead of a loop over tensors
-    q_optimizer = torch.optim.Adam(critic.parameters(), lr=args.learning_rate, fused=True)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
-    explore_rng = np.random.default_rng(args.seed)  # random actions and exploration noise
+    # fused: one kernel for all parameters instead of a loop over tensors; compiled, the rate is a tensor (as in
+    # ppo.py), not a constant traced into the Adam steps
+    lr = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
+    q_optimizer = torch.optim.Adam(critic.parameters(), lr=lr, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=lr, fused=True)
+    act, update_critic, update_actor = training_steps(
+        actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args
+    )
+    explore_rng = np.random.default_rng(args.seed)  # the random actions; the exploration noise is torch's, in act
     rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device, args.seed)
     global_step, critic_updates, train_from = 0, 0, args.learning_starts
     if ckpt:
@@ -549,6 +589,8 @@ def main(args: Args) -> None:
     obs = float_tensor(envs.reset()[0], device)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    # [qf1_loss, qf2_loss, qf1_values, actor_loss] summed on the device, each step's at once: a CUDA graph's outputs
+    # (--cudagraphs) are overwritten by its next replay
     stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
     seconds = dict(env=0.0, acting=0.0, updates=0.0)
 
@@ -556,7 +598,7 @@ def main(args: Args) -> None:
         # --- acting: uniformly random until learning starts, then the actor plus exploration noise ---
         global_step += N
         t0 = time.perf_counter()
-        actions = select_actions(actor, obs, args.exploration_noise, explore_rng, global_step <= args.learning_starts)
+        actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
         t1 = time.perf_counter()
         next_obs_np, reward, term, trunc, _ = envs.step(actions)
         t2 = time.perf_counter()
@@ -580,11 +622,11 @@ def main(args: Args) -> None:
             for _ in range(N):
                 critic_updates += 1
                 batch = rb.sample(args.batch_size)
-                step_stats, actor_updated = update(
-                    batch, actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, critic_updates, args
-                )
-                stats += step_stats
-                num_critic_stats, num_actor_stats = num_critic_stats + 1, num_actor_stats + actor_updated
+                stats[:3] += update_critic(batch)
+                num_critic_stats += 1
+                if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
+                    stats[3] += update_actor(batch[0])
+                    num_actor_stats += 1
             seconds["updates"] += time.perf_counter() - t0
 
         # --- logging: one host sync per log interval ---

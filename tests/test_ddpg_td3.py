@@ -73,35 +73,86 @@ def test_twin_critics_in_one_batched_pass_equal_two_separate_mlps():
     torch.testing.assert_close(critics(obs, actions, critics.first_critic_frozen())[0], q[0].detach())
 
 
-@pytest.mark.parametrize(
-    "algo, policy_frequency, actor_steps",
-    [("td3", None, [2, 4, 6]), ("ddpg", None, [2, 4, 6]), ("ddpg", 1, [1, 2, 3, 4, 5, 6])],
-)
-def test_actor_and_targets_update_once_per_policy_frequency_critic_updates(algo, policy_frequency, actor_steps):
-    torch.manual_seed(0)
-    args = td3.Args(**td3.ALGOS[algo], batch_size=16, hidden_size=8)
-    args.policy_frequency = policy_frequency or args.policy_frequency
-    space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    actor, target_actor = td3.Actor(3, space, 8), td3.Actor(3, space, 8)
-    critic = td3.Critics(3, 2, 8, 2 if args.twin_critics else 1)
-    target_critic = td3.Critics(3, 2, 8, 2 if args.twin_critics else 1)
-    q_opt, actor_opt = torch.optim.Adam(critic.parameters()), torch.optim.Adam(actor.parameters())
-    batch = (torch.randn(16, 3), torch.rand(16, 2) * 2 - 1, torch.randn(16), torch.randn(16, 3), torch.zeros(16))
-
+def td3_steps(args, seed: int = 0):
+    """Networks, optimisers (the learning rate a tensor when compiled, as main has it) and the three steps of
+    training_steps, from a seed: two calls with one seed start from the same weights."""
+    torch.manual_seed(seed)
+    space = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
+    num_critics = 2 if args.twin_critics else 1
+    actor, target_actor = td3.Actor(3, space, args.hidden_size), td3.Actor(3, space, args.hidden_size)
+    target_actor.load_state_dict(actor.state_dict())
+    critic = td3.Critics(3, 2, args.hidden_size, num_critics)
+    target_critic = td3.Critics(3, 2, args.hidden_size, num_critics)
+    target_critic.load_state_dict(critic.state_dict())
+    lr = torch.tensor(1e-3) if args.compile else 1e-3
+    q_opt = torch.optim.Adam(critic.parameters(), lr=lr, fused=True)
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=lr, fused=True)
     nets = (actor, target_actor, critic, target_critic)
+    return nets, td3.training_steps(*nets, q_opt, actor_opt, args)
 
-    def flat(net):
-        return torch.cat([p.detach().flatten() for p in net.parameters()]).clone()
 
-    updated = []
-    for i in range(1, 7):
-        before = [flat(n) for n in nets]
-        _, actor_updated = td3.update(batch, actor, target_actor, critic, target_critic, q_opt, actor_opt, i, args)
-        changed = [not torch.equal(b, flat(n)) for b, n in zip(before, nets, strict=True)]
-        assert changed[2]  # the critics learn at every step
-        assert changed[0] == changed[1] == changed[3] == actor_updated
-        updated += [i] if actor_updated else []
-    assert updated == actor_steps
+def random_batch(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    obs, next_obs = torch.randn(n, 3, generator=g), torch.randn(n, 3, generator=g)
+    actions = torch.rand(n, 2, generator=g) * torch.tensor([2.0, 2.0]) + torch.tensor([-1.0, 0.0])
+    terminations = (torch.rand(n, generator=g) < 0.2).float()
+    return obs, actions, torch.randn(n, generator=g), next_obs, terminations
+
+
+def flat(net):
+    return torch.cat([p.detach().flatten() for p in net.parameters()]).clone()
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_critic_step_moves_only_the_critics_and_actor_step_the_actor_and_both_targets(algo):
+    args = td3.Args(**td3.ALGOS[algo], batch_size=16, hidden_size=8)
+    nets, (act, update_critic, update_actor) = td3_steps(args)
+    batch = random_batch(16)
+    before = [flat(n) for n in nets]
+    q_stats = update_critic(batch)
+    assert q_stats.shape == (3,) and not q_stats.requires_grad
+    assert [not torch.equal(b, flat(n)) for b, n in zip(before, nets, strict=True)] == [False, False, True, False]
+    before = [flat(n) for n in nets]
+    actor_loss = update_actor(batch[0])
+    assert actor_loss.shape == () and not actor_loss.requires_grad
+    assert [not torch.equal(b, flat(n)) for b, n in zip(before, nets, strict=True)] == [True, True, False, True]
+    # the targets move by tau towards the online networks (Polyak), not onto them
+    assert not torch.allclose(flat(nets[1]), flat(nets[0]))
+
+
+def test_exploration_noise_is_scaled_to_the_half_range_and_clipped_to_the_bounds():
+    scale, low, high = torch.tensor([1.0, 0.5]), torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 1.0])
+    mu = torch.tensor([[0.0, 0.5], [0.9, 0.9]])
+    noise = torch.tensor([[0.3, -0.4], [0.5, 0.5]])
+    got = td3.exploration_actions(mu, noise, scale, low, high)
+    torch.testing.assert_close(got, torch.tensor([[0.3, 0.5 - 0.2], [1.0, 1.0]]))
+
+
+def test_compiled_steps_match_the_eager_ones():
+    """--compile traces the same three functions: from the same weights, batches and RNG state, three critic and actor
+    updates give the same losses, weights and targets, and the acting step the same noisy actions. Inductor draws its
+    own random numbers (repeatable from the seed, but not eager's); fallback_random makes it draw eager's here, so
+    that the smoothing and exploration noise match too."""
+    results = {}
+    for compiled in (False, True):
+        args = td3.Args(batch_size=32, hidden_size=16, compile=compiled)
+        nets, (act, update_critic, update_actor) = td3_steps(args)
+        torch.manual_seed(2)
+        with torch._inductor.config.patch(fallback_random=True):
+            stats = []
+            for i in range(3):
+                batch = random_batch(32, seed=10 + i)
+                stats += [update_critic(batch), update_actor(batch[0])]
+            with torch.no_grad():
+                actions = act(random_batch(5, seed=20)[0])
+        results[compiled] = [*stats, *(flat(n) for n in nets), actions]
+    eager, compiled = results[False], results[True]
+    start = [flat(n) for n in td3_steps(td3.Args(batch_size=32, hidden_size=16))[0]]
+    assert all(not torch.equal(s, e) for s, e in zip(start, eager[6:10], strict=True))  # every network has moved
+    for e, c in zip(eager, compiled, strict=True):
+        assert torch.allclose(e, c, atol=1e-5), (e, c)
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 2.0])
+    assert ((low <= compiled[-1]) & (compiled[-1] <= high)).all()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -237,6 +288,24 @@ def test_same_seed_same_run_on_cpu(tmp_path):
     runs = seeded_runs("ddpg_td3", (7, 7, 8), tmp_path, *flags, tags=tags, env=ONE_THREAD)
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+def test_compiled_run_logs_repeats_with_its_seed_and_delays_the_actor(tmp_path):
+    """--compile on the CPU, end to end: the run finishes and logs; the same seed gives the same run (inductor draws
+    its random numbers from seeds it takes from torch's generator); and the actor's Adam took one step per
+    policy_frequency critic steps (main's delay, read from the checkpoint)."""
+    tags = ("charts/SPS", "charts/episodic_return", "losses/qf1_loss", "losses/actor_loss")
+    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "500", "--compile", "--checkpoint-every", "500", *TINY]
+
+    def read(run):
+        ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+        adam_steps = [int(ckpt[k]["state"][0]["step"]) for k in ("q_optimizer", "actor_optimizer")]
+        return [values(run, t) for t in tags[1:]], adam_steps, ckpt["critic_updates"], "charts/SPS" in scalars(run)
+
+    runs = seeded_runs("ddpg_td3", (7, 7), tmp_path, *flags, read=read, env=ONE_THREAD)
+    assert runs[0][0] == runs[1][0] and all(runs[0][0])
+    assert runs[0][1] == [200, 100] and runs[0][2] == 200  # 500 steps, 300 random: 200 critic and 100 actor steps
+    assert runs[0][3]
 
 
 @pytest.mark.parametrize(
