@@ -47,6 +47,12 @@ class Args:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use CUDA when it is available (the phase's frames then live on the GPU)"""
+    compile: bool = False
+    """torch.compile the acting step, the chunks of both phases' minibatches and the optimiser steps (inductor, on CPU
+    and CUDA; the first iterations pay the compile time): off by default, the eager code is the one to read"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
+    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 (its 64x64 observations) to runs/<run>/videos"""
     save_model: bool = False
@@ -434,31 +440,69 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float) -> None:
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def policy_update(agent: Agent, optimizer, batch: dict, args: Args) -> torch.Tensor:
+def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer: torch.optim.Optimizer, args: Args):
+    """The acting step, one chunk of a policy-phase and of an auxiliary minibatch (forward, loss, backward: the chunks'
+    gradients add up) and each phase's optimiser step, the functions `--compile` hands to torch.compile (LeanRL's
+    approach: the same code, traced once); without it they run eagerly, as written here."""
+    params = list(agent.parameters())
+
+    def policy_chunk(obs, actions, logprobs, advantages, returns, valid, count):
+        logits, _, newvalue = agent(obs)
+        loss, sums = policy_loss(
+            logits, actions, logprobs, advantages, newvalue, returns, valid, count, args.clip_coef, args.ent_coef, args.vf_coef
+        )
+        loss.backward()
+        return sums
+
+    def aux_chunk(obs, old_logits, returns, valid, count):
+        logits, aux_value, value = agent(obs)
+        loss, sums = aux_loss(
+            logits, old_logits, aux_value, value, returns, valid, count, args.beta_clone, args.vf_true_weight
+        )
+        loss.backward()
+        return sums
+
+    def policy_step():
+        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+
+    def aux_step():
+        optimizer_step(aux_optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+
+    steps = dict(act=agent.act, policy_chunk=policy_chunk, policy_step=policy_step, aux_chunk=aux_chunk, aux_step=aux_step)
+    if not args.compile:
+        return steps
+    # Compiled, the gradients are allocated once and zeroed in place: under CUDA graph trees a chunk's backward would
+    # leave them in the graph's memory, which the next chunk's replay overwrites (pytorch/pytorch#169545). A parameter
+    # that a phase's loss does not reach (the aux head in the policy phase) gets a zero gradient, and Adam's step on it is
+    # exactly 0. dynamic=False: one graph per shape; a minibatch's last, shorter chunk adds at most one (policy phase)
+    # or three (auxiliary phase, whose last minibatch can hold fewer rollouts) compiles, rather than a dynamic-shape graph
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
+
+
+def policy_update(steps: dict, batch: dict, args: Args) -> torch.Tensor:
     """The policy phase's PPO update on one rollout: E_pi epochs of minibatches, each in chunks whose gradients add up.
     Returns the mean per minibatch of (policy loss, value loss, entropy, approx KL, clip fraction)."""
-    stats, num_updates, params = torch.zeros(5, device=batch["obs"].device), 0, list(agent.parameters())
+    stats, num_updates = torch.zeros(5, device=batch["obs"].device), 0
     for _epoch in range(args.update_epochs):
         perm = torch.randperm(args.batch_size, device=batch["obs"].device)
         for mb in perm.split(args.minibatch_size):
             count = batch["valid"][mb].sum().clamp(min=1.0)
             for chunk in mb.split(args.chunk_size):
                 c = {k: v[chunk] for k, v in batch.items()}
-                logits, _, newvalue = agent(c["obs"])
-                loss, sums = policy_loss(
-                    logits, c["actions"], c["logprobs"], c["advantages"], newvalue, c["returns"],
-                    c["valid"], count, args.clip_coef, args.ent_coef, args.vf_coef,
-                )  # fmt: skip
-                loss.backward()
-                stats += sums
-            optimizer_step(optimizer, params, args.max_grad_norm)
+                stats += steps["policy_chunk"](
+                    c["obs"], c["actions"], c["logprobs"], c["advantages"], c["returns"], c["valid"], count
+                )
+            steps["policy_step"]()
             num_updates += 1
     return stats / num_updates
 
@@ -482,28 +526,22 @@ def aux_minibatches(perm: torch.Tensor, aux_rollouts: int, num_envs: int):
         yield rollouts // num_envs, rollouts % num_envs
 
 
-def aux_step(agent: Agent, optimizer, phase: dict, slots, envs_idx, args: Args) -> torch.Tensor:
+def aux_update(steps: dict, phase: dict, slots, envs_idx, args: Args) -> torch.Tensor:
     """One auxiliary minibatch: the rollouts' frames gathered (uint8) from the phase buffer, trained in chunks."""
     T = phase["obs"].shape[1]
-    steps = torch.arange(T, device=slots.device)
-    index = (slots[:, None], steps[None, :], envs_idx[:, None])  # (rollouts, T): rollout by rollout, in time order
+    time_idx = torch.arange(T, device=slots.device)
+    index = (slots[:, None], time_idx[None, :], envs_idx[:, None])  # (rollouts, T): rollout by rollout, in time order
     obs = phase["obs"][index].flatten(0, 1)
     old_logits = phase["old_logits"][index].flatten(0, 1)
     returns, valid = phase["returns"][index].flatten(), phase["valid"][index].flatten()
     count, sums = valid.sum().clamp(min=1.0), torch.zeros(3, device=valid.device)
     for chunk in torch.arange(len(obs), device=valid.device).split(args.chunk_size):
-        logits, aux_value, value = agent(obs[chunk])
-        loss, chunk_sums = aux_loss(
-            logits, old_logits[chunk], aux_value, value, returns[chunk], valid[chunk], count,
-            args.beta_clone, args.vf_true_weight,
-        )  # fmt: skip
-        loss.backward()
-        sums += chunk_sums
-    optimizer_step(optimizer, list(agent.parameters()), args.max_grad_norm)
+        sums += steps["aux_chunk"](obs[chunk], old_logits[chunk], returns[chunk], valid[chunk], count)
+    steps["aux_step"]()
     return sums
 
 
-def run_aux_phase(agent, aux_optimizer, phase, state, args, stop, writer, global_step):
+def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
     """The auxiliary phase from `state` (epoch, minibatches done, old policy logits) on: E_aux epochs over the phase's
     rollouts in random minibatches of whole rollouts. Returns None when it has finished, or, when a stop was requested,
     the state to resume from (it can take an hour on a CPU, so a stop does not wait for its end)."""
@@ -518,7 +556,7 @@ def run_aux_phase(agent, aux_optimizer, phase, state, args, stop, writer, global
         state["perm"], state["sums"] = state["perm"].to(phase["obs"].device), state["sums"].to(phase["obs"].device)
         todo = state["perm"][state["done"] * args.aux_rollouts :]
         for slots, envs_idx in aux_minibatches(todo, args.aux_rollouts, args.num_envs):
-            state["sums"] += aux_step(agent, aux_optimizer, dict(phase, old_logits=old_logits), slots, envs_idx, args)
+            state["sums"] += aux_update(steps, dict(phase, old_logits=old_logits), slots, envs_idx, args)
             state["done"] += 1
             done_here += 1
             if time.time() - last_print > args.progress_interval:  # an auxiliary phase takes minutes: show where it is
@@ -578,6 +616,9 @@ def available_memory(device: torch.device) -> int:
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: flags that only make sense together, and the phase buffer's memory."""
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.compile = args.compile or args.cudagraphs
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -664,9 +705,14 @@ def main(args: Args) -> None:
     say_device(device)
 
     agent = Agent(obs_space, action_space, args.arch).to(device)
-    # an Adam per phase over both networks, with PyTorch's default eps, as the reference
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate)
-    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=args.aux_learning_rate)
+    # an Adam per phase over both networks, with PyTorch's default eps, as the reference; compiled, the rates are
+    # tensors, so that annealing them does not recompile the optimiser steps
+    lr0, aux_lr0 = (
+        torch.tensor(lr, device=device) if args.compile else lr for lr in (args.learning_rate, args.aux_learning_rate)
+    )
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr0)
+    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=aux_lr0)
+    steps = training_steps(agent, optimizer, aux_optimizer, args)
     return_rms = RunningMeanStd((), device) if args.norm_reward else None
     # the phase's frames, kept once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its rollouts
     # straight into them. Reset steps are kept (masked out of every loss): a fixed shape, whole rollouts in time order
@@ -702,7 +748,7 @@ def main(args: Args) -> None:
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
 
     if aux_state is not None:  # resumed inside an auxiliary phase: its remaining minibatches come first
-        aux_state = run_aux_phase(agent, aux_optimizer, phase, aux_state, args, stop, writer, global_step)
+        aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
         if stop:
             iteration = start_iteration - 1
             write_checkpoint(
@@ -714,7 +760,11 @@ def main(args: Args) -> None:
         slot, phase_number = (iteration - 1) % slots, (iteration - 1) // args.n_pi + 1
         # annealing, when on, runs over the whole run's policy iterations, not restarting each phase
         for opt, base in ((optimizer, args.learning_rate), (aux_optimizer, args.aux_learning_rate)):
-            opt.param_groups[0]["lr"] = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
+            lr = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
+            if args.compile:
+                opt.param_groups[0]["lr"].fill_(lr)
+            else:
+                opt.param_groups[0]["lr"] = lr
         iteration_start = time.time()
 
         # --- policy phase: rollout, written into the phase buffer ---
@@ -723,7 +773,7 @@ def main(args: Args) -> None:
             global_step += N
             obs[step] = next_obs
             with torch.no_grad():
-                actions[step], logprobs[step], values[step] = agent.act(next_obs)
+                actions[step], logprobs[step], values[step] = steps["act"](next_obs)
             next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
             done = term | trunc
             step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
@@ -751,14 +801,14 @@ def main(args: Args) -> None:
             advantages=normalize_advantages(advantages, valid).reshape(-1), returns=returns.reshape(-1),
             valid=valid.reshape(-1),
         )  # fmt: skip
-        stats = policy_update(agent, optimizer, batch, args)
+        stats = policy_update(steps, batch, args)
 
         # --- logging: one host sync per iteration ---
         names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
         logged = torch.cat([stats, explained_variance(values.reshape(-1), batch["returns"], batch["valid"]).reshape(1)])
         for name, value in zip(names, logged.tolist(), strict=True):
             writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
         writer.add_scalar("charts/phase", phase_number, global_step)
         writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / (time.time() - iteration_start)), global_step)
         extra = f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}"
@@ -768,7 +818,7 @@ def main(args: Args) -> None:
         if args.e_aux > 0 and iteration % args.n_pi == 0 and iteration < args.num_iterations:
             old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
             aux_state = dict(epoch=0, done=0, phase=phase_number, old_logits=old_logits)
-            aux_state = run_aux_phase(agent, aux_optimizer, phase, aux_state, args, stop, writer, global_step)
+            aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
 
         # --- evaluation, checkpoint, stop requests ---
         if crossed(global_step, args.batch_size, args.eval_every):

@@ -40,6 +40,13 @@ class Args:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the acting step, the chunks of a minibatch (PPO loss, predictor loss) and the optimiser step
+    (inductor, on CPU and CUDA; the first iterations pay the compile time): off by default, the eager code is the one to
+    read"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
+    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
     save_model: bool = False
@@ -513,14 +520,48 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float) -> None:
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def rnd_ppo_update(agent: Agent, rnd: RNDModel, optimizer, params: list, batch: dict, obs_rms: RunningMeanStd, args: Args):
+def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
+    """The acting step, one chunk of a minibatch's PPO loss and one of its predictor loss (forward, loss, backward: the
+    chunks' gradients add up) and the optimiser step, the functions `--compile` hands to torch.compile (LeanRL's approach:
+    the same code, traced once); without it they run eagerly, as written here."""
+
+    def ppo_chunk(obs, actions, logprobs, advantages, ext_returns, int_returns, valid, count):
+        logits, ext_value, int_value = agent(obs)
+        loss, sums = rnd_ppo_loss(
+            logits, actions, logprobs, advantages, ext_value, int_value, ext_returns, int_returns, valid, count, args
+        )
+        loss.backward()
+        return sums
+
+    def predictor_chunk(x, valid, count):
+        loss = predictor_loss(rnd.error(x), valid, count)
+        loss.backward()
+        return loss.detach()
+
+    def step():
+        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+
+    steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
+    if not args.compile:
+        return steps
+    # Compiled, the gradients are allocated once and zeroed in place: under CUDA graph trees a chunk's backward would
+    # leave them in the graph's memory, which the next chunk's replay overwrites (pytorch/pytorch#169545).
+    # dynamic=False: one graph per shape; a shorter last chunk (of the minibatch, or of its predicted part) adds at most
+    # one compile each, rather than a dynamic-shape graph
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
+
+
+def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args):
     """update_epochs epochs of random minibatches; each minibatch in chunks whose gradients add up: the PPO loss on all
     of it, the predictor's loss on its first update_proportion (a random subset: the minibatch is a slice of a random
     permutation; the reference draws each entry with that probability), one optimiser step for both. Returns the mean
@@ -536,21 +577,16 @@ def rnd_ppo_update(agent: Agent, rnd: RNDModel, optimizer, params: list, batch: 
                 advantages = standardize(advantages, valid)
             for i in range(0, len(mb), chunk):
                 c = mb[i : i + chunk]
-                logits, ext_value, int_value = agent(batch["obs"][c])
-                loss, sums = rnd_ppo_loss(
-                    logits, batch["actions"][c], batch["logprobs"][c], advantages[i : i + chunk], ext_value, int_value,
-                    batch["ext_returns"][c], batch["int_returns"][c], valid[i : i + chunk], count, args,
+                stats[:6] += steps["ppo_chunk"](
+                    batch["obs"][c], batch["actions"][c], batch["logprobs"][c], advantages[i : i + chunk],
+                    batch["ext_returns"][c], batch["int_returns"][c], valid[i : i + chunk], count,
                 )  # fmt: skip
-                loss.backward()
-                stats[:6] += sums
             chosen = mb[:num_predicted]
             predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
             for c in chosen.split(chunk):
-                errors = rnd.error(normalize_frames(batch["frames"][c], obs_rms))
-                loss = predictor_loss(errors, batch["valid"][c], predicted_count)
-                loss.backward()
-                stats[6] += loss.detach()
-            optimizer_step(optimizer, params, args.max_grad_norm)
+                x = normalize_frames(batch["frames"][c], obs_rms)
+                stats[6] += steps["predictor_chunk"](x, batch["valid"][c], predicted_count)
+            steps["step"]()
             num_updates += 1
     return stats / num_updates
 
@@ -599,8 +635,20 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
     return returns
 
 
+def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
+    """What the policy and its intrinsic reward need, in a checkpoint and in the final model: both networks and every
+    statistic."""
+    return dict(
+        model=agent.state_dict(), rnd=rnd.state_dict(), obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(),
+        rewems=rewems.cpu(),
+    )  # fmt: skip
+
+
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: an Atari env, and flags that only make sense together."""
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.compile = args.compile or args.cudagraphs
     is_atari = args.env_id in envpool.list_all_envs() and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")
     if not is_atari:
         shape = obs_space.shape or ()
@@ -635,8 +683,11 @@ def main(args: Args) -> None:
 
     agent, rnd = Agent(obs_space, action_space).to(device), RNDModel().to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
-    # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate)
+    # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam;
+    # compiled, the rate is a tensor, so that annealing it does not recompile the optimiser step
+    lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
+    optimizer = torch.optim.Adam(params, lr=lr0)
+    steps = training_steps(agent, rnd, optimizer, params, args)
     obs_rms, reward_rms = RunningMeanStd((1,) + obs_space.shape[1:], device), RunningMeanStd((), device)
     rewems, rooms_seen = torch.zeros(args.num_envs, device=device), np.zeros(256, dtype=bool)
     global_step, start_iteration = 0, 1
@@ -679,14 +730,17 @@ def main(args: Args) -> None:
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
-        optimizer.param_groups[0]["lr"] = lr
+        if args.compile:
+            optimizer.param_groups[0]["lr"].fill_(lr)
+        else:
+            optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
         for step in range(T):
             global_step += N
             obs[step] = next_obs
             with torch.no_grad():
-                actions[step], logprobs[step], ext_values[step], int_values[step] = agent.act(next_obs)
+                actions[step], logprobs[step], ext_values[step], int_values[step] = steps["act"](next_obs)
             next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
             done = term | trunc
             # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
@@ -727,7 +781,7 @@ def main(args: Args) -> None:
         )  # fmt: skip
 
         # --- update: PPO and the predictor ---
-        stats = rnd_ppo_update(agent, rnd, optimizer, params, batch, obs_rms, args)
+        stats = rnd_ppo_update(steps, batch, obs_rms, args)
 
         # --- logging: one host sync per iteration ---
         names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac", "rnd_loss")
@@ -751,9 +805,8 @@ def main(args: Args) -> None:
                 log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
         if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
             save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                model=agent.state_dict(), rnd=rnd.state_dict(), optimizer=optimizer.state_dict(),
-                obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(), rewems=rewems.cpu(),
+                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, optimizer=optimizer.state_dict(),
+                **model_state(agent, rnd, obs_rms, reward_rms, rewems),
                 rooms_seen=rooms_seen, global_step=global_step, iteration=iteration, rng=rng_state(device),
             )  # fmt: skip
         if stop:
@@ -763,10 +816,7 @@ def main(args: Args) -> None:
     envs.close()
     if args.save_model:
         model_path = os.path.join(run_dir, "rnd_ppo.model")
-        save_checkpoint(
-            model_path, "model", args, run_dir, model=agent.state_dict(), rnd=rnd.state_dict(),
-            obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(), rewems=rewems.cpu(),
-        )  # fmt: skip
+        save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
         state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_agent = Agent(obs_space, action_space).to(device)
         eval_agent.load_state_dict(state["model"])

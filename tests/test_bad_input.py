@@ -133,7 +133,10 @@ def test_a_run_directory_that_cannot_be_made_gets_one_line(name, tmp_path):
     assert proc.stderr.startswith(f"{name}.py: error: cannot write the run directory runs/"), proc.stderr
 
 
-@pytest.mark.parametrize("name", [n for n in ALGORITHMS if "cudagraphs" in {f.name for f in dataclasses.fields(MODULES[n].Args)}])
+WITH_CUDAGRAPHS = [n for n in ALGORITHMS if "cudagraphs" in {f.name for f in dataclasses.fields(MODULES[n].Args)}]
+
+
+@pytest.mark.parametrize("name", WITH_CUDAGRAPHS)
 def test_cudagraphs_on_the_cpu_is_refused(name, tmp_path):
     """CUDA graphs exist only on a GPU: --cudagraphs with --no-cuda (or on a machine without one) ends in one line."""
     proc = run_in_process(name, lambda module: module.main(module.parse_args(["--cudagraphs", "--no-cuda"])), tmp_path)

@@ -184,9 +184,59 @@ def test_chunks_give_the_gradient_of_the_whole_minibatch():
         phase["valid"][0, 3] = 0
         args = ppg.Args(chunk_size=chunk, num_envs=1)
         opt = torch.optim.SGD(agent.parameters(), lr=0.1)
-        ppg.aux_step(agent, opt, phase, torch.tensor([0, 1]), torch.tensor([0, 0]), args)
+        ppg.aux_update(ppg.training_steps(agent, opt, opt, args), phase, torch.tensor([0, 1]), torch.tensor([0, 0]), args)
         results.append(torch.cat([p.flatten() for p in agent.parameters()]))
     assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+def compiled_and_eager_steps(obs: torch.Tensor, compiled: bool):
+    """Both phases' updates through training_steps on 8 frames (2 chunks of 4 per minibatch, 2 optimiser steps each),
+    from the same weights; returns the acting step's outputs, the loss terms and the weights."""
+    agent, gen = small_agent(), torch.Generator().manual_seed(0)
+    args = ppg.Args(compile=compiled, num_envs=1, num_minibatches=1, update_epochs=2, chunk_size=4)
+    args.batch_size = args.minibatch_size = 8
+    lr = torch.tensor(5e-4) if compiled else 5e-4  # as main: a tensor rate when compiled
+    # eps 1e-3: with the default 1e-8, Adam's first step is lr * sign(g) wherever |g| > 1e-7, so a float-rounding
+    # difference on a gradient that is 0 but for rounding (a few dozen of 1.2M weights here) flips a whole step
+    optimizer, aux_optimizer = (torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-3) for _ in range(2))
+    steps = ppg.training_steps(agent, optimizer, aux_optimizer, args)
+    with torch.no_grad():
+        acted = [x.clone() for x in steps["act"](obs)]
+    valid = torch.ones(8)
+    valid[3] = 0
+    batch = dict(
+        obs=obs, actions=torch.randint(0, 15, (8,), generator=gen), logprobs=-2.7 + 0.1 * torch.randn(8, generator=gen),
+        advantages=torch.randn(8, generator=gen), returns=torch.randn(8, generator=gen), valid=valid,
+    )  # fmt: skip
+    torch.manual_seed(1)  # the minibatch permutation
+    policy_stats = ppg.policy_update(steps, batch, args)
+    phase = dict(
+        obs=obs.reshape(2, 4, 1, 3, 64, 64), returns=batch["returns"].reshape(2, 4, 1), valid=valid.reshape(2, 4, 1),
+        old_logits=torch.randn(2, 4, 1, 15, generator=gen),
+    )  # fmt: skip
+    aux_sums = [ppg.aux_update(steps, phase, torch.tensor([1, 0]), torch.tensor([0, 0]), args) for _ in range(2)]
+    weights = torch.cat([p.detach().flatten() for p in agent.parameters()])
+    return acted, torch.cat([policy_stats, *aux_sums]), weights
+
+
+def test_compiled_steps_give_what_the_eager_ones_give():
+    """--compile: from the same weights and batch, the compiled policy-phase and auxiliary updates (chunks whose
+    gradients add up, Adam steps, the rate a tensor) give the eager updates' loss terms and weights, and the compiled
+    acting step the eager network's log-probability and value of the actions it samples. Random frames: Procgen's flat
+    regions give equal maxima in the max-pools, whose gradient eager and inductor hand to different (equally valid)
+    entries, which moved 0.1% of the weights by up to 1e-4 with real frames."""
+    obs = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    eager_acted, eager_stats, eager_weights = compiled_and_eager_steps(obs, compiled=False)
+    acted, stats, weights = compiled_and_eager_steps(obs, compiled=True)
+    torch.testing.assert_close(stats, eager_stats, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weights, eager_weights, rtol=1e-5, atol=1e-5)
+    action, logprob, value = acted
+    _, eager_logprob, eager_value = eager_acted
+    eager_logits = small_agent()(obs)[0].detach()  # the weights the acting step saw
+    torch.testing.assert_close(
+        logprob, eager_logits.log_softmax(-1).gather(1, action[:, None]).squeeze(1), rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(value, eager_value, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -212,7 +262,8 @@ def aux_phase_on_a_fixed_batch(beta_clone: float, epochs: int = 40):
     state = dict(epoch=0, done=0, phase=1, old_logits=ppg.old_policy_logits(agent, obs, 64))
     assert torch.allclose(state["old_logits"], old_logits, atol=1e-5)
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
-    assert ppg.run_aux_phase(agent, optimizer, phase, state, args, [], DummyWriter(), 0) is None
+    steps = ppg.training_steps(agent, optimizer, optimizer, args)
+    assert ppg.run_aux_phase(steps, phase, state, args, [], DummyWriter(), 0) is None
     aux_after, v_after, new_logits = errors()
     return aux_before, aux_after, v_before, v_after, ppg.categorical_kl(old_logits, new_logits).mean().item()
 
@@ -271,9 +322,9 @@ def test_phase_buffer_holds_every_frame_the_policy_saw_in_order(tmp_path, monkey
         envs = make_env(env_id, num_envs, seed, *levels)
         return Recorder(envs) if num_envs == 3 else envs
 
-    def recording_aux(agent, opt, phase, state, *rest):
+    def recording_aux(steps, phase, state, *rest):
         phases.append({k: v.clone() for k, v in phase.items()})
-        return run_aux_phase(agent, opt, phase, state, *rest)
+        return run_aux_phase(steps, phase, state, *rest)
 
     monkeypatch.setattr(ppg, "make_env", recording_make_env)
     monkeypatch.setattr(ppg, "run_aux_phase", recording_aux)

@@ -238,6 +238,60 @@ def test_the_loss_matches_a_hand_computation():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# --compile
+# ---------------------------------------------------------------------------------------------------------------
+def compiled_or_eager_update(obs: torch.Tensor, frames: torch.Tensor, compiled: bool):
+    """The acting step and rnd_ppo_update through training_steps on 8 observations (2 PPO chunks of 4 and one predictor
+    chunk of 2 per minibatch, 2 optimiser steps), from the same weights; returns the acting step's outputs, the loss
+    terms and the weights (of both networks)."""
+    torch.manual_seed(0)
+    spec = rnd_ppo.envpool.make_spec("MontezumaRevenge-v5")
+    agent, rnd = rnd_ppo.Agent(spec.observation_space, spec.action_space), rnd_ppo.RNDModel()
+    params = list(agent.parameters()) + list(rnd.predictor.parameters())
+    # a tensor rate when compiled, as main; eps 1e-3: with the default 1e-8, Adam's first step is lr * sign(g) wherever
+    # |g| > 1e-7, so a float-rounding difference on a gradient that is 0 but for rounding would flip a whole step
+    optimizer = torch.optim.Adam(params, lr=torch.tensor(1e-4) if compiled else 1e-4, eps=1e-3)
+    args = rnd_ppo.Args(compile=compiled, num_minibatches=1, update_epochs=2, chunk_size=4, update_proportion=0.25)
+    args.batch_size = args.minibatch_size = 8
+    steps = rnd_ppo.training_steps(agent, rnd, optimizer, params, args)
+    with torch.no_grad():
+        acted = [x.clone() for x in steps["act"](obs)]
+    obs_rms = rnd_ppo.RunningMeanStd((1, 84, 84), torch.device("cpu"))
+    rnd_ppo.update_frame_stats(obs_rms, frames)
+    gen, valid = torch.Generator().manual_seed(1), torch.ones(8)
+    valid[5] = 0
+    batch = dict(
+        obs=obs, frames=frames, actions=torch.randint(0, 18, (8,), generator=gen),
+        logprobs=-2.9 + 0.1 * torch.randn(8, generator=gen), advantages=torch.randn(8, generator=gen),
+        ext_returns=torch.randn(8, generator=gen), int_returns=torch.randn(8, generator=gen), valid=valid,
+    )  # fmt: skip
+    torch.manual_seed(2)  # the minibatch permutation
+    stats = rnd_ppo.rnd_ppo_update(steps, batch, obs_rms, args)
+    return acted, stats, torch.cat([p.detach().flatten() for p in params])
+
+
+def test_compiled_steps_give_what_the_eager_ones_give():
+    """--compile: from the same weights and batch, the compiled update (PPO and predictor chunks whose gradients add up,
+    the Adam step with the rate a tensor) gives the eager update's loss terms and weights, and the compiled acting step
+    the eager network's log-probability and both values of the actions it samples."""
+    last = atari_frames("MontezumaRevenge-v5", 11)
+    obs = torch.cat([last[i : i + 8] for i in range(4)], dim=1)  # (8, 4, 84, 84) stacks of consecutive frames
+    frames = last[3:]  # each stack's newest frame, what RND sees
+    _, eager_stats, eager_weights = compiled_or_eager_update(obs, frames, compiled=False)
+    acted, stats, weights = compiled_or_eager_update(obs, frames, compiled=True)
+    torch.testing.assert_close(stats, eager_stats, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(weights, eager_weights, rtol=1e-5, atol=1e-5)
+    action, logprob, ext_value, int_value = acted
+    torch.manual_seed(0)
+    spec = rnd_ppo.envpool.make_spec("MontezumaRevenge-v5")
+    with torch.no_grad():  # the weights the acting step saw
+        logits, eager_ext, eager_int = rnd_ppo.Agent(spec.observation_space, spec.action_space)(obs)
+    torch.testing.assert_close(logprob, logits.log_softmax(-1).gather(1, action[:, None]).squeeze(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ext_value, eager_ext, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(int_value, eager_int, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Novelty fades
 # ---------------------------------------------------------------------------------------------------------------
 def test_novelty_fades_on_frames_the_predictor_trains_on_and_stays_on_frames_it_never_saw():
