@@ -10,13 +10,14 @@
 #   Pong-v5           10M    atari    20.4              (ppo_atari_envpool.py)
 #   BeamRider-v5      10M    atari    2502              (ppo_atari_envpool.py)
 #   Breakout-v5       10M    atari    415               (ppo_atari_envpool.py)
-#   HalfCheetah-v4    1M     mujoco   1443              (ppo_continuous_action.py)
-#   Walker2d-v4       1M     mujoco   2288              (ppo_continuous_action.py)
-#   Hopper-v4         1M     mujoco   2383              (ppo_continuous_action.py)
+#   HalfCheetah-v4    1M     mujoco   1442.6 +- 46.0    (ppo_continuous_action.py)
+#   Walker2d-v4       1M     mujoco   2288.0 +- 571.8   (ppo_continuous_action.py)
+#   Hopper-v4         1M     mujoco   2382.9 +- 271.7   (ppo_continuous_action.py)
 #
 # Usage: bash benchmark/ppo.sh [classic|atari|mujoco|all]
 # Classic control takes about 1.5 minutes a run on a quiet 2-core CPU. Atari 10M steps is about 7 hours a run
-# there (about 400 SPS) and wants a GPU; MuJoCo 1M steps is about an hour a run on the CPU.
+# there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run here, two at a time
+# (one thread each; 51 min while other work shared the cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-classic}"
@@ -25,4 +26,8 @@ source benchmark/common.sh
 
 if [[ $family == classic || $family == all ]]; then bench ppo ppo_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
 if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
-if [[ $family == mujoco || $family == all ]]; then bench ppo ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4; fi
+# MuJoCo as committed in benchmark/results/ppo_mujoco (run there with --no-cuda as well): a checkpoint every 100k steps
+# (a stopped run goes on with --resume) and the reloaded model's evaluation at the end
+if [[ $family == mujoco || $family == all ]]; then
+  bench ppo ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4 -- --checkpoint-every 100000 --save-model
+fi
