@@ -106,6 +106,8 @@ def late_sps(logged: dict) -> float:
     """Env steps per second over the second half of a run's SPS events (their steps and wall times): the speed a long
     run settles at, without the first iterations, which pay torch.compile's compilation."""
     events = logged["charts/SPS"]
+    if len(events) < 3:
+        return float("nan")
     (step0, _, time0), (step1, _, time1) = events[len(events) // 2], events[-1]
     return (step1 - step0) / (time1 - time0) if time1 > time0 else float("nan")
 
@@ -131,6 +133,9 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
             continue
         logged, seconds = train(algo, env_id, num_envs, budget, [*flags, *extra])
         late = late_sps(logged)
+        if not (np.isfinite(late) and np.isfinite(eager_late)):
+            cells.append("run too short for a second half of SPS events")
+            continue
         length = pays_from(eager[1], seconds, budget, eager_late, late)
         pays = f"pays from {length:,.0f} steps" if np.isfinite(length) else "never pays"
         cells.append(f"{late:,.0f} ({late / eager_late:.2f}x eager's {eager_late:,.0f}; {pays})")

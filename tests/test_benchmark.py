@@ -1,6 +1,7 @@
 """benchmark/: the runner on tiny real runs, the report on hand-made event files with known values."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def test_compiled_speed_is_the_second_half_and_its_break_even_length():
     # both processes also pay 3 s of start-up
     assert speed.pays_from(3 + 100, 3 + 20 + 50, 100_000, 1000, 2000) == pytest.approx(40_000)
     assert speed.pays_from(3 + 100, 3 + 20 + 125, 100_000, 1000, 800) == float("inf")  # slower compiled: never
+    assert math.isnan(speed.late_sps({"charts/SPS": compiled["charts/SPS"][:2]}))  # too few events to halve
 
 
 def test_report_final_evaluation_and_exact_greedy_return(tmp_path):
