@@ -22,6 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 torch.set_num_threads(1)
 
 
+def flat_params(params) -> torch.Tensor:
+    """A network's (or a parameter list's) weights as one detached vector, copied: to compare before and after a step."""
+    params = params.parameters() if isinstance(params, torch.nn.Module) else params
+    return torch.cat([p.detach().flatten() for p in params]).clone()
+
+
 @functools.cache
 def load_algorithm(name: str):
     """Import algorithms/<name>.py as a module (the scripts are not a package, on purpose), once per test session."""

@@ -8,6 +8,7 @@ import torch
 from conftest import (
     CPU,
     assert_one_error_line,
+    flat_params,
     load_algorithm,
     only_run,
     run_algorithm,
@@ -207,11 +208,11 @@ def test_compiled_update_and_acting_step_equal_the_eager_ones():
         if compile_:
             optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate)
         act, update = a2c.training_steps(agent, optimizer, args)
-        before = torch.cat([p.detach().flatten() for p in agent.parameters()])
+        before = flat_params(agent)
         with torch.no_grad():
             _, logprob, entropy, value = act(obs, actions)
         stats = torch.stack([update(obs, actions, advantages, returns, valid) for _ in range(3)])
-        results.append((logprob, entropy, value, stats, torch.cat([p.detach().flatten() for p in agent.parameters()])))
+        results.append((logprob, entropy, value, stats, flat_params(agent)))
     for eager, compiled in zip(*results, strict=True):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(results[0][4], before)  # the update did move the weights

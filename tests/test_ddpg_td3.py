@@ -13,6 +13,7 @@ import torch
 from conftest import (
     CPU,
     assert_one_error_line,
+    flat_params,
     load_algorithm,
     only_run,
     run_algorithm,
@@ -99,25 +100,21 @@ def random_batch(n: int, seed: int = 1):
     return obs, actions, torch.randn(n, generator=g), next_obs, terminations
 
 
-def flat(net):
-    return torch.cat([p.detach().flatten() for p in net.parameters()]).clone()
-
-
 @pytest.mark.parametrize("algo", ["td3", "ddpg"])
 def test_critic_step_moves_only_the_critics_and_actor_step_the_actor_and_both_targets(algo):
     args = td3.Args(**td3.ALGOS[algo], batch_size=16, hidden_size=8)
     nets, (act, update_critic, update_actor) = td3_steps(args)
     batch = random_batch(16)
-    before = [flat(n) for n in nets]
+    before = [flat_params(n) for n in nets]
     q_stats = update_critic(batch)
     assert q_stats.shape == (3,) and not q_stats.requires_grad
-    assert [not torch.equal(b, flat(n)) for b, n in zip(before, nets, strict=True)] == [False, False, True, False]
-    before = [flat(n) for n in nets]
+    assert [not torch.equal(b, flat_params(n)) for b, n in zip(before, nets, strict=True)] == [False, False, True, False]
+    before = [flat_params(n) for n in nets]
     actor_loss = update_actor(batch[0])
     assert actor_loss.shape == () and not actor_loss.requires_grad
-    assert [not torch.equal(b, flat(n)) for b, n in zip(before, nets, strict=True)] == [True, True, False, True]
+    assert [not torch.equal(b, flat_params(n)) for b, n in zip(before, nets, strict=True)] == [True, True, False, True]
     # the targets move by tau towards the online networks (Polyak), not onto them
-    assert not torch.allclose(flat(nets[1]), flat(nets[0]))
+    assert not torch.allclose(flat_params(nets[1]), flat_params(nets[0]))
 
 
 def test_exploration_noise_is_scaled_to_the_half_range_and_clipped_to_the_bounds():
@@ -145,9 +142,9 @@ def test_compiled_steps_match_the_eager_ones():
                 stats += [update_critic(batch), update_actor(batch[0])]
             with torch.no_grad():
                 actions = act(random_batch(5, seed=20)[0])
-        results[compiled] = [*stats, *(flat(n) for n in nets), actions]
+        results[compiled] = [*stats, *(flat_params(n) for n in nets), actions]
     eager, compiled = results[False], results[True]
-    start = [flat(n) for n in td3_steps(td3.Args(batch_size=32, hidden_size=16))[0]]
+    start = [flat_params(n) for n in td3_steps(td3.Args(batch_size=32, hidden_size=16))[0]]
     assert all(not torch.equal(s, e) for s, e in zip(start, eager[6:10], strict=True))  # every network has moved
     for e, c in zip(eager, compiled, strict=True):
         assert torch.allclose(e, c, atol=1e-5), (e, c)

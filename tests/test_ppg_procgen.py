@@ -15,6 +15,7 @@ from conftest import (
     ROOT,
     SMOKE_TIMEOUT,
     assert_one_error_line,
+    flat_params,
     load_algorithm,
     one_thread,
     only_run,
@@ -215,7 +216,7 @@ def compiled_and_eager_steps(obs: torch.Tensor, compiled: bool):
         old_logits=torch.randn(2, 4, 1, 15, generator=gen),
     )  # fmt: skip
     aux_sums = [ppg.aux_update(steps, phase, torch.tensor([1, 0]), torch.tensor([0, 0]), args) for _ in range(2)]
-    weights = torch.cat([p.detach().flatten() for p in agent.parameters()])
+    weights = flat_params(agent)
     return acted, torch.cat([policy_stats, *aux_sums]), weights
 
 

@@ -11,6 +11,7 @@ import torch
 
 from conftest import (
     assert_one_error_line,
+    flat_params,
     load_algorithm,
     only_run,
     run_algorithm,
@@ -267,7 +268,7 @@ def compiled_or_eager_update(obs: torch.Tensor, frames: torch.Tensor, compiled: 
     )  # fmt: skip
     torch.manual_seed(2)  # the minibatch permutation
     stats = rnd_ppo.rnd_ppo_update(steps, batch, obs_rms, args)
-    return acted, stats, torch.cat([p.detach().flatten() for p in params])
+    return acted, stats, flat_params(params)
 
 
 def test_compiled_steps_give_what_the_eager_ones_give():
