@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from run import run_seconds, segments
 from tblog import read_scalars
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +34,8 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
     """One run's outcome: its episodes (step, return, seconds since start), final score, SPS, or why it has none."""
     out = {"env_id": job["env_id"], "seed": job["seed"], "problem": None}
     if job.get("status") != "done":
-        out["problem"] = f"crashed (exit {job.get('returncode')})" if job.get("status") == "failed" else job.get("status")
+        status = job.get("status")
+        out["problem"] = f"crashed (exit {job.get('returncode')})" if status == "failed" else f"{status} (not finished)"
         return out
     scalars = read_scalars(str(bench_dir / job["run_dir"])) if job.get("run_dir") else {}
     episodes = scalars.get("charts/episodic_return", [])
@@ -43,10 +45,13 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
     t0 = min(w for tag in scalars.values() for _, _, w in tag)
     out["steps"] = np.array([s for s, _, _ in episodes], dtype=float)
     out["returns"] = np.array([v for _, v, _ in episodes])
-    out["seconds"] = np.array([w - t0 for _, _, w in episodes])
+    # a resumed run's events go on after the time it stood stopped: take those gaps out of the time axis
+    spans = segments(job)
+    gaps = [(a[1], b[0]) for a, b in zip(spans, spans[1:], strict=False)]
+    out["seconds"] = np.array([w - t0 - sum(min(max(w - lo, 0.0), hi - lo) for lo, hi in gaps) for _, _, w in episodes])
     out["final"] = float(out["returns"][-LAST_EPISODES:].mean())
     out["sps"] = scalars["charts/SPS"][-1][1] if "charts/SPS" in scalars else float("nan")
-    out["wall"] = job["end"] - job["start"]
+    out["wall"] = run_seconds(job)
     out["total_steps"] = max(s for tag in scalars.values() for s, _, _ in tag)
     # the evaluation of the reloaded --save-model model: every episode is logged at the run's last step
     evals = scalars.get("eval/episodic_return", [])

@@ -2,7 +2,12 @@
 
 import json
 import math
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +38,56 @@ def test_runner_reports_a_crashed_run(tmp_path):
     (job,) = json.loads((bench / "status.json").read_text())
     assert job["status"] == "failed" and job["returncode"] != 0
     assert "unknown env id" in (bench / job["log"]).read_text()
+
+
+def test_runner_stopped_by_sigterm_goes_on_with_resume(tmp_path):
+    """SIGTERM to the runner checkpoints its run; --resume goes on from that checkpoint to the full length, appending
+    to the log, and the run's time is its two segments, not the time in between."""
+    total = 61_440  # 120 iterations of 4 envs x 128 steps
+    cmd = [sys.executable, str(run.ROOT / "benchmark" / "run.py"), "--algo", "ppo", "--env-ids", "CartPole-v1",
+           "--seeds", "1", "--out", str(tmp_path), "--name", "r", "--", "--total-timesteps", str(total),
+           "--checkpoint-every", "2048"]  # fmt: skip
+    runner = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("r/runs/*/checkpoint.pt")) and time.time() < deadline:
+        time.sleep(0.2)
+    runner.send_signal(signal.SIGTERM)
+    out, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 130 and "--name r --resume" in out
+    (job,) = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert job["status"] == "stopped" and len(job["segments"]) == 1
+    stopped_at = int(re.findall(r"step ([\d,]+)", (tmp_path / "r" / job["log"]).read_text())[-1].replace(",", ""))
+    assert stopped_at < total
+
+    time.sleep(2)  # the pause the report leaves out of the run's time
+    bench = run.main(["--out", str(tmp_path), "--name", "r", "--resume", "--status-interval", "1000"])
+    (job,) = json.loads((bench / "status.json").read_text())
+    assert job["status"] == "done" and "--resume" in job["command"] and len(job["segments"]) == 2
+    log = (bench / job["log"]).read_text()
+    assert "stopped at" in log and "resumed" in log  # both segments' output, in one log
+    (summary,) = [report.summarise_run(bench, job)]
+    assert summary["total_steps"] == total
+    assert summary["wall"] == pytest.approx(sum(b - a for a, b in job["segments"]))
+    assert summary["wall"] < job["end"] - job["start"] - 2
+    assert summary["seconds"][-1] < job["end"] - job["start"] - 2  # the time axis leaves the pause out too
+
+
+def test_resume_ends_a_hard_killed_run_at_its_logs_last_write(tmp_path):
+    """A runner killed without notice leaves its run marked running with an open segment: resuming closes it at the
+    log's modification time (the last progress line), so the dead time after it is not counted."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.log").write_text("step 1/2")
+    os.utime(tmp_path / "logs" / "a.log", (1000.0, 1000.0))
+    jobs = [
+        {"env_id": "A", "seed": 1, "status": "running", "log": "logs/a.log", "start": 400.0, "segments": [[400.0, None]]},
+        {"env_id": "A", "seed": 2, "status": "done", "log": "logs/b.log", "start": 0.0, "end": 300.0},  # no segments: old file
+        {"env_id": "A", "seed": 3, "status": "waiting", "log": "logs/c.log", "segments": []},
+    ]
+    (tmp_path / "status.json").write_text(json.dumps(jobs))
+    resumed = run.resumed_jobs(tmp_path)
+    assert [j["status"] for j in resumed] == ["waiting", "done", "waiting"]
+    assert resumed[0]["segments"] == [[400.0, 1000.0]] and run.run_seconds(resumed[0]) == 600.0
+    assert run.run_seconds(resumed[1]) == 300.0 and resumed[2]["segments"] == []
 
 
 def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0, evals=(), exact=()) -> dict:
