@@ -26,8 +26,9 @@ source benchmark/common.sh
 
 if [[ $family == classic || $family == all ]]; then bench ppo ppo_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
 if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
-# MuJoCo as committed in benchmark/results/ppo_mujoco (run there with --no-cuda as well): a checkpoint every 100k steps
-# (a stopped run goes on with --resume) and the reloaded model's evaluation at the end
+# MuJoCo as committed in benchmark/results/ppo_mujoco and ppo_mujoco_hopper (run there with --no-cuda as well): a
+# checkpoint every 100k steps (a stopped benchmark goes on with `python benchmark/run.py --name ppo_mujoco --resume`)
+# and the reloaded model's evaluation at the end
 if [[ $family == mujoco || $family == all ]]; then
   bench ppo ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4 -- --checkpoint-every 100000 --save-model
 fi
