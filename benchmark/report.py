@@ -94,10 +94,11 @@ def table(algo: str, runs: list[dict], references: dict) -> str:
         ref = references.get((algo, env_id))
         ref_text = f"{ref['mean']}" + (f" +- {ref['std']}" if ref and ref["std"] else "") if ref else "-"
         source = f"{ref['source']} ({int(ref['steps']):,} steps)" if ref else "-"
-        if not ok:
-            lines.append(
-                f"| {env_id} | 0/{len(env_runs)} | no result | - | - | - | - | - | {ref_text} | {source} | **failed** |"
-            )
+        if not ok:  # a benchmark still under way (or stopped, to go on with run.py --resume) has not failed
+            unfinished = all(r["problem"].endswith("(not finished)") for r in env_runs)
+            verdict = "not finished" if unfinished else "**failed**"
+            row = f"| {env_id} | 0/{len(env_runs)} | no result | - | - | - | - | - | {ref_text} | {source} | {verdict} |"
+            lines.append(row)
             continue
         finals = np.array([r["final"] for r in ok])
         evals = [r["final_eval"] for r in ok if r["final_eval"] is not None]
@@ -148,10 +149,13 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
         ref = references.get((algo, env_id))
         if ref and ref["mean"] != "":
             ax.axhline(float(ref["mean"]), color="k", linestyle="--", linewidth=1, label="reference")
-        failed = [r for r in runs if r["env_id"] == env_id and r["problem"]]
-        if failed:
-            ax.text(0.02, 0.02, f"{len(failed)} run(s) without result", transform=ax.transAxes, color="red")
-        ax.legend(loc="lower right", fontsize=8)
+        missing = [r for r in runs if r["env_id"] == env_id and r["problem"]]
+        if missing:
+            unfinished = sum(r["problem"].endswith("(not finished)") for r in missing)
+            text = f"{len(missing) - unfinished} failed, {unfinished} not finished" if unfinished else f"{len(missing)} failed"
+            ax.text(0.02, 0.02, text, transform=ax.transAxes, color="red")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

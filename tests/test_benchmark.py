@@ -110,7 +110,8 @@ def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: fl
 @pytest.fixture
 def hand_made_bench(tmp_path):
     """CartPole-v1: seeds whose last-100 means are exactly 480 and 500; Acrobot-v1: one good seed, one crash,
-    one run with no episode; MountainCar-v0: far below its reference."""
+    one run with no episode; MountainCar-v0: far below its reference; Pendulum-v1: not finished (one run stopped, one
+    waiting); Hopper-v4: one crash, one waiting."""
     bench = tmp_path / "bench"
     jobs = [
         write_run(bench, "CartPole-v1", 1, [0.0] * 50 + [480.0] * 100),  # the first 50 fall outside the last 100
@@ -119,6 +120,10 @@ def hand_made_bench(tmp_path):
         {"env_id": "Acrobot-v1", "seed": 2, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
         write_run(bench, "Acrobot-v1", 3, []),
         write_run(bench, "MountainCar-v0", 1, [-500.0] * 10),
+        {"env_id": "Pendulum-v1", "seed": 1, "status": "stopped", "returncode": 143, "start": 0.0, "end": 1.0},
+        {"env_id": "Pendulum-v1", "seed": 2, "status": "waiting"},
+        {"env_id": "Hopper-v4", "seed": 1, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
+        {"env_id": "Hopper-v4", "seed": 2, "status": "waiting"},
     ]
     (bench / "status.json").write_text(json.dumps(jobs))
     (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
@@ -133,6 +138,9 @@ def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
     assert rows["Acrobot-v1"][1:3] == ["1/3", "-90.0 +- 0.0"] and "runs missing" in rows["Acrobot-v1"][-1]
     assert "Acrobot-v1 seed 2: crashed (exit 1)" in text and "Acrobot-v1 seed 3: no episodes logged" in text
     assert "short of reference" in rows["MountainCar-v0"][-1]
+    assert rows["Pendulum-v1"][1] == "0/2" and rows["Pendulum-v1"][-1] == "not finished |"  # still to go on with --resume
+    assert "Pendulum-v1 seed 1: stopped (not finished)" in text and "Pendulum-v1 seed 2: waiting (not finished)" in text
+    assert rows["Hopper-v4"][-1] == "**failed** |"  # a crash among them is a failure
 
 
 def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path):
