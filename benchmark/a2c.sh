@@ -41,4 +41,8 @@ if [[ $family == classic || $family == all ]]; then
   bench a2c a2c_mountaincar MountainCar-v0 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
 fi
 if [[ $family == atari || $family == all ]]; then bench a2c a2c_atari Pong-v5 Breakout-v5 BeamRider-v5 -- --save-model; fi
-if [[ $family == mujoco || $family == all ]]; then bench a2c a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}"; fi
+# MuJoCo (benchmark/results/a2c_mujoco: issue 18's HalfCheetah-v4 and Hopper-v4, one run at a time, --no-cuda): a
+# checkpoint every 100k steps, so a stopped benchmark goes on with `python benchmark/run.py --name a2c_mujoco --resume`
+if [[ $family == mujoco || $family == all ]]; then
+  bench a2c a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}" --checkpoint-every 100000
+fi

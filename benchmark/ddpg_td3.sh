@@ -22,8 +22,9 @@
 # the td3 rows are keyed ddpg_td3, the ddpg rows ddpg_td3:ddpg.
 #
 # Usage: bash benchmark/ddpg_td3.sh [td3|ddpg|mujoco|pendulum|speed]   (mujoco = td3 and ddpg)
-# A 1M-step MuJoCo run does 1M gradient steps of 256-256 networks: about 1.5-2 h per run at ~150-250 SPS on this
-# 2-core CPU (9 runs per algo: a GPU machine or a long night); the runner runs one per core.
+# A 1M-step MuJoCo run does 1M gradient steps of 256-256 networks (about 0.4 GFLOP each): about 2.4 h per run at
+# 110-120 SPS on one core of this 2-core CPU (2026-11-24, beside an A2C run), compute-bound (~47 GFLOP/s, near one
+# core's float32 peak); 9 runs per algo: a GPU machine or several sessions.
 #   pendulum: TD3 and DDPG on Pendulum-v1 with the classic preset (15k steps, 64-64 MLPs), 3 seeds: about a minute
 #             a run here (TD3 reaches -250 by 7-9k steps, tests/test_ddpg_td3.py).
 #   speed:    SPS on Hopper-v4 once learning has started (1 env, batch 256, 256-256 MLPs; 256 random steps, then
@@ -34,11 +35,15 @@ family="${1:-td3}"
 
 source benchmark/common.sh
 
+# A checkpoint with the replay buffer every 100k steps (110-170 MB): a run this long is stopped and goes on later
+# (`python benchmark/run.py --name ddpg_td3_td3_mujoco --resume`) with its experience. benchmark/results/ddpg_td3_td3_mujoco
+# holds issue 18's Hopper-v4 and HalfCheetah-v4 (run with --env-ids Hopper-v4 HalfCheetah-v4 and --no-cuda, one at a time).
+ckpt=(--save-model --checkpoint-every 100000 --save-buffer)
 if [[ $family == td3 || $family == mujoco ]]; then
-  bench ddpg_td3 ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 --save-model
+  bench ddpg_td3 ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 "${ckpt[@]}"
 fi
 if [[ $family == ddpg || $family == mujoco ]]; then
-  bench ddpg_td3 ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg --save-model
+  bench ddpg_td3 ddpg_td3_ddpg_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo ddpg "${ckpt[@]}"
 fi
 if [[ $family == pendulum ]]; then
   bench ddpg_td3 ddpg_td3_td3_pendulum Pendulum-v1 -- --algo td3 --save-model
