@@ -24,7 +24,10 @@
 # are NoFrameskip-v4 under SB3's AtariWrapper (no sticky actions, up to 30 no-ops, FIRE on reset, life loss ends the
 # training episode, clipped rewards): envpool's -v5 defaults here.
 #
-# Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all]
+# Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all|sb3]
+#   sb3: Stable-Baselines3's own A2C with the zoo's MuJoCo entry on gymnasium's HalfCheetah-v4 and Hopper-v4, 3 seeds
+#        (benchmark/sb3_a2c_mujoco.py; stable-baselines3 and mujoco go into $DEPS): how A2C itself fares with these
+#        settings, beside a2c_mujoco. About 30 min a run here.
 # Classic control takes about a minute a run on a quiet 2-core CPU (CartPole-v1). Atari 10M steps wants a GPU;
 # MuJoCo's 1 env x 5 steps makes 200k updates of a small batch, which a GPU does not speed up.
 set -euo pipefail
@@ -45,4 +48,14 @@ if [[ $family == atari || $family == all ]]; then bench a2c a2c_atari Pong-v5 Br
 # checkpoint every 100k steps, so a stopped benchmark goes on with `python benchmark/run.py --name a2c_mujoco --resume`
 if [[ $family == mujoco || $family == all ]]; then
   bench a2c a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}" --checkpoint-every 100000
+fi
+if [[ $family == sb3 ]]; then
+  sb3_deps
+  mkdir -p benchmark/runs/sb3_a2c_mujoco
+  for env_id in HalfCheetah-v4 Hopper-v4; do
+    for seed in 1 2 3; do
+      PYTHONPATH="$DEPS" OMP_NUM_THREADS=1 python -W ignore benchmark/sb3_a2c_mujoco.py "$env_id" --seed "$seed" \
+        --out benchmark/runs/sb3_a2c_mujoco 2>&1 | grep -v settotalmass
+    done
+  done | tee benchmark/runs/sb3_a2c_mujoco/summary.txt
 fi

@@ -21,3 +21,14 @@ cleanrl_script() {
 }
 # stamp: every line of stdin prefixed with the seconds since the pipe started.
 stamp() { python -u -c 'import sys, time; t = time.time(); [print(f"  {time.time() - t:7.1f} s  {line}", end="") for line in sys.stdin]'; }
+
+# sb3_deps: stable-baselines3 and mujoco (gymnasium's MuJoCo envs) into $DEPS (pip --target), for running SB3's own
+# algorithms beside ours (benchmark/sb3_a2c_mujoco.py); numpy stays the one torch was built against.
+sb3_deps() {
+  DEPS=${DEPS:-/tmp/sb3_deps}
+  if [ ! -d "$DEPS/stable_baselines3" ]; then
+    python -m pip install -q --target "$DEPS" --no-deps stable-baselines3==2.9.2 >&2
+    python -m pip install -q --target "$DEPS" mujoco==4.0.0 >&2
+    rm -rf "$DEPS"/numpy "$DEPS"/numpy-*.dist-info
+  fi
+}
