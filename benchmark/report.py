@@ -152,8 +152,8 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
         missing = [r for r in runs if r["env_id"] == env_id and r["problem"]]
         if missing:
             unfinished = sum(r["problem"].endswith("(not finished)") for r in missing)
-            text = f"{len(missing) - unfinished} failed, {unfinished} not finished" if unfinished else f"{len(missing)} failed"
-            ax.text(0.02, 0.02, text, transform=ax.transAxes, color="red")
+            counts = [(len(missing) - unfinished, "failed"), (unfinished, "not finished")]
+            ax.text(0.02, 0.02, ", ".join(f"{n} {what}" for n, what in counts if n), transform=ax.transAxes, color="red")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="lower right", fontsize=8)
         ax.grid(alpha=0.3)
