@@ -10,9 +10,9 @@ A benchmark stopped part way (Ctrl-C, SIGTERM, a machine that went away) goes on
 
     python benchmark/run.py --name <name> --resume
 
-which keeps the finished runs, resumes each stopped run from its last checkpoint.pt (the script's own --resume: pass
---checkpoint-every after `--` to have one) and starts the rest, with bench.json's envs, seeds and flags. Each run's
-time is the sum of its segments (status.json), so the wall time in the report leaves out the time it stood still.
+which keeps the finished runs, resumes each stopped (or failed) run from its last checkpoint.pt (the script's own
+--resume: pass --checkpoint-every after `--` to have one) and starts the rest, with bench.json's envs, seeds and flags.
+Each run's time is the sum of its segments (status.json): the report's wall time leaves out the time it stood still.
 """
 
 import argparse

@@ -16,9 +16,13 @@ import time
 import gymnasium as gym
 import numpy as np
 import torch
-from stable_baselines3 import A2C
-from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+try:
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+except ImportError:
+    raise SystemExit("sb3_a2c_mujoco.py: stable-baselines3 is missing; run it with `bash benchmark/a2c.sh sb3`") from None
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("env_id", help="a gymnasium MuJoCo id, e.g. HalfCheetah-v4")
