@@ -24,7 +24,8 @@
 # Usage: bash benchmark/ddpg_td3.sh [td3|ddpg|mujoco|pendulum|speed]   (mujoco = td3 and ddpg)
 # A 1M-step MuJoCo run does 1M gradient steps of 256-256 networks (about 0.4 GFLOP each): about 2.4 h per run at
 # 110-120 SPS on one core of this 2-core CPU (2026-11-24, beside an A2C run), compute-bound (~47 GFLOP/s, near one
-# core's float32 peak); 9 runs per algo: a GPU machine or several sessions.
+# core's float32 peak), or 1.6 h at 171 SPS with OMP_NUM_THREADS=2 alone; 9 runs per algo: a GPU machine or several
+# sessions.
 #   pendulum: TD3 and DDPG on Pendulum-v1 with the classic preset (15k steps, 64-64 MLPs), 3 seeds: about a minute
 #             a run here (TD3 reaches -250 by 7-9k steps, tests/test_ddpg_td3.py).
 #   speed:    SPS on Hopper-v4 once learning has started (1 env, batch 256, 256-256 MLPs; 256 random steps, then
