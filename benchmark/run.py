@@ -95,10 +95,10 @@ def eta_seconds(log_path: Path) -> float | None:
 
 def segments(job: dict) -> list[list[float]]:
     """The [start, end] intervals a run ran in: one, or one more per --resume (status.json files from before
-    segments were kept have start and end only)."""
+    segments were kept have start and end only); a running run's last end is None."""
     if job.get("segments"):
         return job["segments"]
-    return [[job["start"], job["end"]]] if "start" in job and "end" in job else []
+    return [[job["start"], job.get("end")]] if "start" in job else []
 
 
 def run_seconds(job: dict) -> float:
@@ -138,7 +138,7 @@ def resumed_jobs(bench_dir: Path) -> list[dict]:
     for j in jobs:
         if j["status"] == "done":
             continue
-        spans = j.get("segments") or ([[j["start"], j.get("end")]] if "start" in j else [])
+        spans = segments(j)
         if spans and spans[-1][1] is None:
             log = bench_dir / j["log"]
             spans[-1][1] = log.stat().st_mtime if log.exists() else spans[-1][0]
