@@ -1,8 +1,6 @@
 """Helpers shared by every test: load an algorithm's functions, run it end to end, read what it logged."""
 
 import contextlib
-import functools
-import importlib.util
 import io
 import os
 import re
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from algos import load_algorithm
 from tblog import read_scalars
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,16 +25,6 @@ def flat_params(params) -> torch.Tensor:
     """A network's (or a parameter list's) weights as one detached vector, copied: to compare before and after a step."""
     params = params.parameters() if isinstance(params, torch.nn.Module) else params
     return torch.cat([p.detach().flatten() for p in params]).clone()
-
-
-@functools.cache
-def load_algorithm(name: str):
-    """Import algorithms/<name>.py as a module (the scripts are not a package, on purpose), once per test session."""
-    spec = importlib.util.spec_from_file_location(f"algorithms_{name}", ROOT / "algorithms" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # tyro reads the Args docstrings through the module's source
-    spec.loader.exec_module(module)
-    return module
 
 
 # Subprocess limits: about 30x what a smoke run takes on the 2-core development machine, so that a CI machine three

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from benchmark import report, run, speed
+from conftest import load_algorithm
 
 
 def test_runner_runs_envs_x_seeds_and_report_reads_them(tmp_path, capsys):
@@ -207,3 +209,25 @@ def test_status_view_reads_the_progress_lines_of_step_and_generation_counting_sc
         run.run_eta(tmp_path / "ppo.log") == "step 1,024/500,000, ETA 1m40s" and run.eta_seconds(tmp_path / "ppo.log") == 100
     )
     assert run.run_eta(tmp_path / "es.log") == "generation 3/100, ETA 2m05s" and run.eta_seconds(tmp_path / "es.log") == 125
+
+
+def test_action_size_of_a_policy_whose_mean_sits_outside_the_bounds(tmp_path):
+    """A hand-made a2c.py model whose Gaussian mean is -3 on every observation (Pendulum's bounds are +-2): the tool
+    reports 3.00; another file gets one line and a non-zero exit."""
+    a2c = load_algorithm("a2c")
+    spaces = a2c.gym.spaces
+    agent = a2c.Agent(spaces.Box(-8.0, 8.0, (3,)), spaces.Box(-2.0, 2.0, (1,)))
+    with torch.no_grad():
+        agent.actor[-1].weight.zero_()
+        agent.actor[-1].bias.fill_(-3.0)
+    model = tmp_path / "a2c.model"
+    torch.save({"script": "a2c.py", "kind": "model", "args": {"env_id": "Pendulum-v1", "seed": 1},
+                "model": agent.state_dict(), "obs_rms": None}, model)  # fmt: skip
+    tool = [sys.executable, str(Path(run.__file__).with_name("a2c_action_size.py"))]
+    proc = subprocess.run([*tool, str(model), "--steps", "50"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Pendulum-v1 seed 1, mean |action| before clipping 3.00 over 50 steps (bounds -2 to 2)" in proc.stdout
+    other = tmp_path / "checkpoint.pt"
+    torch.save({"script": "ppo.py", "kind": "checkpoint"}, other)
+    proc = subprocess.run([*tool, str(other)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and "is not an a2c.py model" in proc.stderr
