@@ -36,8 +36,8 @@ class Args:
     preset: Literal["auto", "classic", "atari", "mujoco"] = "auto"
     """defaults that reproduce a family's rl-baselines3-zoo reference: classic (SB3's A2C defaults, 8 envs x 5 steps,
     500k steps), atari (10M steps, 16 envs, ent 0.01, vf 0.25, TensorFlow-like RMSprop), mujoco (1M steps, 1 env x 5
-    steps, observation normalisation); auto picks atari for image observations, mujoco for Box actions, classic
-    otherwise"""
+    steps, observation and reward normalisation); auto picks atari for image observations, mujoco for Box actions,
+    classic otherwise"""
     seed: int = 1
     """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
     torch_deterministic: bool = True
@@ -138,12 +138,14 @@ RANGES = dict(
 
 # rl-baselines3-zoo's hyperparams/a2c.yml on top of SB3's A2C defaults (lr 7e-4, 5 steps, gamma 0.99, lambda 1,
 # vf 0.5, grad clip 0.5, RMSprop eps 1e-5), whose published results benchmark/a2c.sh reproduces. classic is its
-# CartPole-v1 entry (Acrobot and MountainCar add 16 envs and normalisation in a2c.sh); mujoco its MuJoCo entries
-# ("normalize" there is observations only). A preset only changes defaults: any flag given on the command line wins.
+# CartPole-v1 entry (Acrobot and MountainCar add 16 envs and normalisation in a2c.sh); mujoco its MuJoCo entries,
+# whose `normalize: true` is SB3's VecNormalize defaults while training: observations and rewards (the zoo's model
+# cards list norm_reward False: that is the evaluation's setting). A preset only changes defaults: any flag given on
+# the command line wins.
 PRESETS = {
     "classic": dict(),
     "atari": dict(total_timesteps=10_000_000, num_envs=16, ent_coef=0.01, vf_coef=0.25, rmsprop_tf_like=True),
-    "mujoco": dict(total_timesteps=1_000_000, num_envs=1, norm_obs=True),
+    "mujoco": dict(total_timesteps=1_000_000, num_envs=1, norm_obs=True, norm_reward=True),
 }
 
 

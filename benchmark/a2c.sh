@@ -4,7 +4,7 @@
 # benchmark/references.csv.
 # Hyperparameters: SB3's A2C defaults plus the env's entry in the zoo's hyperparams/a2c.yml, which a2c.py's
 # presets hold (classic: CartPole-v1's entry; Acrobot-v1 and MountainCar-v0 add 16 envs and `normalize: true`,
-# observations and rewards, below; atari; mujoco: `normalize` there is observations only).
+# observations and rewards, below; atari; mujoco, whose `normalize: true` is observations and rewards as well).
 #
 #   env               steps  preset   reference (rl-baselines3-zoo benchmark.md, mean +- std of the final agent)
 #   CartPole-v1       500k   classic  500.0 +- 0.0

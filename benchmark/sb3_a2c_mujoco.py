@@ -1,7 +1,8 @@
 """Stable-Baselines3's own A2C with rl-baselines3-zoo's MuJoCo entry, to tell a2c.py's behaviour from A2C's: the zoo's
 HalfCheetah-v3/Hopper-v3 entry is SB3's A2C defaults (1 env, 5 steps, RMSprop lr 7e-4, 64-64 tanh, log std 0) with
-`normalize: {norm_obs: true, norm_reward: false}` for 1M steps (the hyperparameters in the zoo's published model card
-sb3/a2c-HalfCheetah-v3). Run by `bash benchmark/a2c.sh sb3`, which puts stable-baselines3 and mujoco on the path.
+`normalize: true` for 1M steps (the zoo's hyperparams/a2c.yml), which the zoo turns into VecNormalize's defaults while
+training: observations and rewards normalised (its model cards list norm_reward False: the evaluation's setting). Run
+by `bash benchmark/a2c.sh sb3`, which puts stable-baselines3 and mujoco on the path.
 
     python benchmark/sb3_a2c_mujoco.py HalfCheetah-v4 --seed 1 --out /tmp/sb3_a2c
 
@@ -34,7 +35,7 @@ os.makedirs(args.out, exist_ok=True)
 torch.set_num_threads(1)
 
 monitor = os.path.join(args.out, f"{args.env_id}_{args.seed}.monitor.csv")
-venv = VecNormalize(DummyVecEnv([lambda: Monitor(gym.make(args.env_id), monitor)]), norm_obs=True, norm_reward=False)
+venv = VecNormalize(DummyVecEnv([lambda: Monitor(gym.make(args.env_id), monitor)]), norm_obs=True, norm_reward=True)
 model = A2C("MlpPolicy", venv, seed=args.seed, device="cpu")
 start = time.time()
 model.learn(args.total_timesteps)

@@ -238,7 +238,8 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     breakout = a2c.parse_args(["--env-id", "Breakout-v5"])  # auto: image observations
     assert (breakout.num_envs, breakout.ent_coef, breakout.vf_coef, breakout.rmsprop_tf_like) == (16, 0.01, 0.25, True)
     pendulum = a2c.parse_args(["--env-id", "Pendulum-v1"])  # auto: Box actions
-    assert pendulum.norm_obs and not pendulum.norm_reward and pendulum.num_envs == 1
+    # the zoo's `normalize: true` trains with SB3's VecNormalize defaults: observations and rewards
+    assert pendulum.norm_obs and pendulum.norm_reward and pendulum.num_envs == 1
     assert a2c.parse_args(["--env-id", "Breakout-v5", "--vf-coef", "0.5"]).vf_coef == 0.5
     assert a2c.parse_args(["--env-id", "CartPole-v1", "--preset", "atari"]).num_envs == 16
 
