@@ -5,8 +5,8 @@ action, before the clip to the bounds, over the steps of the reloaded model's gr
 
 A size well above 1 on [-1, 1] bounds means the clipped action no longer moves with the policy's mean (every MuJoCo
 run in benchmark/results/a2c_mujoco/sb3_a2c.md ends so, good or collapsed). The env, seed and observation statistics
-come from the model file; the env is seeded as a2c.py's own evaluation seeds it (seed + 100,000), and the figure
-matches the one sb3_a2c_mujoco.py prints for SB3's A2C."""
+come from the model file; the env is seeded as a2c.py's own evaluation seeds it (seed + 100,000). It is the measure
+sb3_a2c_mujoco.py prints for SB3's A2C (there over its 10 evaluation episodes)."""
 
 import argparse
 
