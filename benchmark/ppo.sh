@@ -25,6 +25,8 @@ family="${1:-classic}"
 source benchmark/common.sh
 
 if [[ $family == classic || $family == all ]]; then bench ppo ppo_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
+# On a 16-core GPU machine with a budget (benchmark/results/ppo_atari_pong_h100: Pong-v5 at 18 in 12 minutes of an H100):
+#   python algorithms/ppo.py --env-id Pong-v5 --seed 1 --compile --cudagraphs --num-envs 16 --num-minibatches 8
 if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
 # MuJoCo as committed in benchmark/results/ppo_mujoco and ppo_mujoco_hopper (run there with --no-cuda as well): a
 # checkpoint every 100k steps (a stopped benchmark goes on with `python benchmark/run.py --name ppo_mujoco --resume`)

@@ -1,6 +1,7 @@
 """Turn a benchmark folder (from benchmark/run.py) into learning-curve plots and a markdown table.
 
     python benchmark/report.py benchmark/runs/ppo_classic --out benchmark/results/ppo_classic
+    python benchmark/report.py runs/Pong-v5__ppo__1__1795517044 --lone-run ppo --out benchmark/results/ppo_atari_pong_h100
 
 Writes returns_vs_steps.png and returns_vs_time.png (one panel per env: mean over seeds, shaded +- one standard
 deviation) and report.md: per env, the mean and standard deviation over seeds of each run's mean return over its
@@ -59,6 +60,15 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
     # tabular runs on toy text log the exact return of their greedy policy (no sampling): the figure to compare
     out["exact"] = scalars["eval/exact_return"][-1][1] if "eval/exact_return" in scalars else None
     return out
+
+
+def lone_run_job(run_dir: Path) -> dict:
+    """The status.json entry run.py would have kept for one run's own folder (runs/<env_id>__<algo>__<seed>__<time>, as
+    the scripts name it), for a run started without run.py and stopped at a time budget: its time is its events' span."""
+    env_id, _, seed, _ = run_dir.name.split("__")
+    walls = [w for tag in read_scalars(str(run_dir)).values() for _, _, w in tag]
+    span = [[min(walls), max(walls)]]
+    return {"env_id": env_id, "seed": int(seed), "status": "done", "run_dir": run_dir.name, "segments": span}
 
 
 def mean_std(xs: list[float]) -> str:
@@ -167,20 +177,31 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("bench_dir", help="a folder written by benchmark/run.py")
     p.add_argument("--out", default=None, help="where the report goes (default: the benchmark folder)")
     p.add_argument("--references", default=str(HERE / "references.csv"), help="reference figures (csv)")
+    p.add_argument(
+        "--lone-run",
+        metavar="ALGO",
+        default=None,
+        help="bench_dir is one run's own folder, made by ALGO's script without run.py (a run stopped at a time budget)",
+    )
     args = p.parse_args(argv)
     bench_dir = Path(args.bench_dir)
-    if not (bench_dir / "status.json").is_file():
+    if args.lone_run:
+        if len(bench_dir.name.split("__")) != 4 or not list(bench_dir.glob("events.out.tfevents.*")):
+            p.error(f"{bench_dir} is not a run's folder (runs/<env_id>__<algo>__<seed>__<time> with event files)")
+        meta, jobs, bench_dir = {"algo": args.lone_run}, [lone_run_job(bench_dir)], bench_dir.parent
+    elif not (bench_dir / "status.json").is_file():
         p.error(f"{bench_dir} has no status.json; pass a folder written by benchmark/run.py")
+    else:
+        meta, jobs = json.loads((bench_dir / "bench.json").read_text()), json.loads((bench_dir / "status.json").read_text())
     out = Path(args.out) if args.out else bench_dir
     out.mkdir(parents=True, exist_ok=True)
-    meta = json.loads((bench_dir / "bench.json").read_text())
     algo, extra = meta["algo"], meta.get("extra_args", [])
     # a script with several algorithms (ddpg_td3.py --algo ddpg) has references keyed "script:algo", which win
     name = f"{algo}:{extra[extra.index('--algo') + 1]}" if "--algo" in extra[:-1] else algo
     every = load_references(Path(args.references))
     references = {(name, e): r for a in (algo, name) for (k, e), r in every.items() if k == a}
     algo = name
-    runs = [summarise_run(bench_dir, job) for job in json.loads((bench_dir / "status.json").read_text())]
+    runs = [summarise_run(bench_dir, job) for job in jobs]
     (out / "report.md").write_text(table(algo, runs, references))
     plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png")
     plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png")

@@ -171,6 +171,17 @@ def test_compiled_speed_is_the_second_half_and_its_break_even_length():
     assert math.isnan(speed.late_sps({"charts/SPS": compiled["charts/SPS"][:2]}))  # too few events to halve
 
 
+def test_report_on_a_lone_run_stopped_at_its_budget(tmp_path, capsys):
+    """A run made without run.py (Pong on a lent GPU, stopped at its time budget) is reported from its own folder."""
+    job = write_run(tmp_path, "Pong-v5", 1, [-21.0] * 50 + [18.0] * 100, sps=4000.0)
+    out = report.main([str(tmp_path / job["run_dir"]), "--lone-run", "ppo", "--out", str(tmp_path / "r")])
+    (row,) = [line.split(" | ") for line in (out / "report.md").read_text().splitlines() if line.startswith("| Pong")]
+    assert row[1:4] == ["1/1", "18.0 +- 0.0", "4,000"] and row[5] == "15,000"  # last 100 episodes; SPS; steps
+    with pytest.raises(SystemExit):  # a folder that is not one run's gets one line
+        report.main([str(tmp_path), "--lone-run", "ppo"])
+    assert "is not a run's folder" in capsys.readouterr().err
+
+
 def test_report_final_evaluation_and_exact_greedy_return(tmp_path):
     """The final eval column averages the last step's evaluation episodes; where runs log an exact greedy return,
     the verdict compares its last value (not the training return) with the reference."""
