@@ -436,6 +436,11 @@ class RMSpropTF(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, alpha: float, eps: float):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
+        # made here, not at the first step: a tensor made inside a step that --cudagraphs captures lives in the graph's
+        # memory, which its next replay overwrites (an H100 run failed so: "accessing tensor output of CUDAGraphs")
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["square_avg"] = torch.ones_like(p)
 
     @torch.no_grad()
     def step(self):
@@ -443,8 +448,6 @@ class RMSpropTF(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if not self.state[p]:
-                    self.state[p]["square_avg"] = torch.ones_like(p)
                 square_avg = self.state[p]["square_avg"]
                 square_avg.mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
                 p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr a float or, compiled, a tensor

@@ -170,10 +170,15 @@ def test_a2c_loss_ignores_masked_entries_and_matches_a_plain_computation():
 def test_rmsprop_tf_like_puts_eps_inside_the_root_and_starts_the_mean_square_at_one():
     p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
     opt = a2c.RMSpropTF([p], lr=0.1, alpha=0.9, eps=1e-5)
+    # the state exists before the first step and each step updates that tensor in place: a tensor made inside a step
+    # that --cudagraphs captures would live in the graph's memory, overwritten by the next replay
+    square_avg = opt.state[p]["square_avg"]
+    assert square_avg.tolist() == [1.0, 1.0]
     expected, ms = np.array([1.0, -2.0]), np.ones(2)
     for g in ([0.5, -3.0], [0.0, 1.0], [2.0, 0.0]):
         p.grad = torch.tensor(g)
         opt.step()
+        assert opt.state[p]["square_avg"] is square_avg
         ms = 0.9 * ms + 0.1 * np.square(g)
         expected = expected - 0.1 * np.array(g) / np.sqrt(ms + 1e-5)
         np.testing.assert_allclose(p.detach().numpy(), expected, rtol=1e-6)
