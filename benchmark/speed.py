@@ -42,6 +42,7 @@ CONFIGS = [
     ("a2c", "Breakout-v5", 16, 16_000, []),
     ("qlearning", "FrozenLake-v1", 64, 300_000, []),
     ("ddpg_td3", "Hopper-v4", 1, 5_000, ["--learning-starts", "256"]),
+    ("ddpg_td3", "HalfCheetah-v4", 1, 5_000, ["--learning-starts", "256"]),  # the GPU anchor's env (LeanRL)
     ("es", "CartPole-v1", 256, 20, []),
     ("ppg_procgen", "StarpilotEasy-v0", 64, 49_152, ["--n-pi", "2", "--e-aux", "1"]),
     ("rnd_ppo", "MontezumaRevenge-v5", 128, 32_768, ["--num-iterations-obs-norm-init", "0"]),
@@ -131,7 +132,12 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
         if "--cudagraphs" in extra and not cuda:
             cells.append("needs CUDA")
             continue
-        logged, seconds = train(algo, env_id, num_envs, budget, [*flags, *extra])
+        try:
+            logged, seconds = train(algo, env_id, num_envs, budget, [*flags, *extra])
+        except subprocess.CalledProcessError as crash:  # the row keeps its eager figures and says why this cell has none
+            last = (crash.stderr or "").strip().splitlines() or ["no output"]
+            cells.append(f"crashed (exit {crash.returncode}): {last[-1][:150]}")
+            continue
         late = late_sps(logged)
         if not (np.isfinite(late) and np.isfinite(eager_late)):
             cells.append("run too short for a second half of SPS events")

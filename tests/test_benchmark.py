@@ -182,6 +182,21 @@ def test_report_on_a_lone_run_stopped_at_its_budget(tmp_path, capsys):
     assert "is not a run's folder" in capsys.readouterr().err
 
 
+def test_a_crashed_compiled_run_is_a_cell_that_says_why_not_a_lost_row(monkeypatch):
+    """An H100 run of a2c.py --cudagraphs crashed and took the row's eager and --compile figures with it."""
+    eager = {"charts/SPS": [(step, 0.0, step / 1000) for step in range(2000, 100_001, 2000)]}
+
+    def train(algo, env_id, num_envs, steps, flags):
+        if "--cudagraphs" in flags:
+            raise subprocess.CalledProcessError(1, ["a2c.py"], "", "Traceback ...\nRuntimeError: graph output overwritten\n")
+        return {"charts/SPS": [(step, 0.0, step / 2000) for step in range(2000, 100_001, 2000)]}, 50.0
+
+    monkeypatch.setattr(speed, "train", train)
+    compiled, graphs = speed.compiled_cells("a2c", "Breakout-v5", 16, 100_000, [], (eager, 100.0), cuda=True)
+    assert compiled.startswith("2,000 (2.00x eager's 1,000")
+    assert graphs == "crashed (exit 1): RuntimeError: graph output overwritten"
+
+
 def test_report_final_evaluation_and_exact_greedy_return(tmp_path):
     """The final eval column averages the last step's evaluation episodes; where runs log an exact greedy return,
     the verdict compares its last value (not the training return) with the reference."""
