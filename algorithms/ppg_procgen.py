@@ -198,7 +198,10 @@ def procgen_env_id(env_id: str) -> str:
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    spec = envpool.make_spec(env_id)
+    try:
+        spec = envpool.make_spec(env_id)
+    except ImportError as e:  # Procgen's library needs the Qt 5 runtime
+        fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
     return spec.observation_space, spec.action_space
 
 

@@ -144,7 +144,10 @@ def preset_defaults(argv: list[str]) -> Args:
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if ":" not in env_id and env_id in envpool.list_all_envs():
-        spec = envpool.make_spec(env_id)
+        try:
+            spec = envpool.make_spec(env_id)
+        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
+            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
         return spec.observation_space, spec.action_space
     try:
         env = gym.make(env_id)

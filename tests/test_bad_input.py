@@ -142,3 +142,18 @@ def test_cudagraphs_on_the_cpu_is_refused(name, tmp_path):
     proc = run_in_process(name, lambda module: module.main(module.parse_args(["--cudagraphs", "--no-cuda"])), tmp_path)
     assert_one_error_line(name, proc, "--cudagraphs needs a CUDA device.*--compile works on the CPU")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_a_procgen_id_without_the_qt_runtime_gets_one_line(name, tmp_path, monkeypatch):
+    """envpool's Procgen library needs the Qt 5 runtime; without it, its import raises a multi-line ImportError (seen on
+    a GPU machine that had no Qt) that used to end every script in a traceback."""
+    message = "Procgen could not load its Qt runtime.\nInstall the Qt5 Core/Gui shared libraries, for example via ..."
+
+    def no_qt(env_id):
+        raise ImportError(message)
+
+    monkeypatch.setattr(MODULES[name].envpool, "make_spec", no_qt)
+    proc = run_in_process(name, lambda module: module.main(module.parse_args(["--env-id", "StarpilotEasy-v0"])), tmp_path)
+    assert_one_error_line(name, proc, "envpool cannot load 'StarpilotEasy-v0' .*Qt runtime. Install.*libqt5gui5 for Procgen")
+    assert not (tmp_path / "runs").exists()
