@@ -175,7 +175,7 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bench_dir", help="a folder written by benchmark/run.py")
-    p.add_argument("--out", default=None, help="where the report goes (default: the benchmark folder)")
+    p.add_argument("--out", default=None, help="where the report goes (default: the folder given)")
     p.add_argument("--references", default=str(HERE / "references.csv"), help="reference figures (csv)")
     p.add_argument(
         "--lone-run",
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> Path:
         p.error(f"{bench_dir} has no status.json; pass a folder written by benchmark/run.py")
     else:
         meta, jobs = json.loads((bench_dir / "bench.json").read_text()), json.loads((bench_dir / "status.json").read_text())
-    out = Path(args.out) if args.out else bench_dir
+    out = Path(args.out) if args.out else Path(args.bench_dir)  # a lone run's report goes beside its events
     out.mkdir(parents=True, exist_ok=True)
     algo, extra = meta["algo"], meta.get("extra_args", [])
     # a script with several algorithms (ddpg_td3.py --algo ddpg) has references keyed "script:algo", which win
