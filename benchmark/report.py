@@ -52,7 +52,7 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
     out["seconds"] = np.array([w - t0 - sum(min(max(w - lo, 0.0), hi - lo) for lo, hi in gaps) for _, _, w in episodes])
     out["final"] = float(out["returns"][-LAST_EPISODES:].mean())
     out["sps"] = scalars["charts/SPS"][-1][1] if "charts/SPS" in scalars else float("nan")
-    out["wall"] = run_seconds(job)
+    out["wall"] = run_seconds(job) if spans else max(w for tag in scalars.values() for _, _, w in tag) - t0
     out["total_steps"] = max(s for tag in scalars.values() for s, _, _ in tag)
     # the evaluation of the reloaded --save-model model: every episode is logged at the run's last step
     evals = scalars.get("eval/episodic_return", [])
@@ -64,11 +64,10 @@ def summarise_run(bench_dir: Path, job: dict) -> dict:
 
 def lone_run_job(run_dir: Path) -> dict:
     """The status.json entry run.py would have kept for one run's own folder (runs/<env_id>__<algo>__<seed>__<time>, as
-    the scripts name it), for a run started without run.py and stopped at a time budget: its time is its events' span."""
+    the scripts name it), for a run started without run.py and stopped at a time budget: with no segments kept, its
+    time is its events' span."""
     env_id, _, seed, _ = run_dir.name.split("__")
-    walls = [w for tag in read_scalars(str(run_dir)).values() for _, _, w in tag]
-    span = [[min(walls), max(walls)]]
-    return {"env_id": env_id, "seed": int(seed), "status": "done", "run_dir": run_dir.name, "segments": span}
+    return {"env_id": env_id, "seed": int(seed), "status": "done", "run_dir": run_dir.name}
 
 
 def mean_std(xs: list[float]) -> str:

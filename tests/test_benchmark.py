@@ -159,11 +159,15 @@ def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_r
     assert 0 < learner < env and cells[6] == f"{learner / env:.1%}" and cells[7:] == ["-", "- "]
 
 
+def sps_events(rate: float, start: float = 0.0) -> dict:
+    """charts/SPS events every 2,000 steps to 100,000 of a run that steps `rate` per second after `start` seconds."""
+    return {"charts/SPS": [(step, 0.0, start + step / rate) for step in range(2000, 100_001, 2000)]}
+
+
 def test_compiled_speed_is_the_second_half_and_its_break_even_length():
     """Eager 1,000 SPS throughout; compiled, 20 s of compilation, then 2,000 SPS: the second half shows 2,000, and a
     run of L steps takes L/1000 s eager, 20 + L/2000 s compiled, equal at L = 40,000."""
-    compiled = {"charts/SPS": [(step, 0.0, 20 + step / 2000) for step in range(2000, 100_001, 2000)]}
-    eager = {"charts/SPS": [(step, 0.0, step / 1000) for step in range(2000, 100_001, 2000)]}
+    compiled, eager = sps_events(2000, start=20), sps_events(1000)
     assert speed.late_sps(compiled) == pytest.approx(2000) and speed.late_sps(eager) == pytest.approx(1000)
     # both processes also pay 3 s of start-up
     assert speed.pays_from(3 + 100, 3 + 20 + 50, 100_000, 1000, 2000) == pytest.approx(40_000)
@@ -184,12 +188,12 @@ def test_report_on_a_lone_run_stopped_at_its_budget(tmp_path, capsys):
 
 def test_a_crashed_compiled_run_is_a_cell_that_says_why_not_a_lost_row(monkeypatch):
     """An H100 run of a2c.py --cudagraphs crashed and took the row's eager and --compile figures with it."""
-    eager = {"charts/SPS": [(step, 0.0, step / 1000) for step in range(2000, 100_001, 2000)]}
+    eager = sps_events(1000)
 
     def train(algo, env_id, num_envs, steps, flags):
         if "--cudagraphs" in flags:
             raise subprocess.CalledProcessError(1, ["a2c.py"], "", "Traceback ...\nRuntimeError: graph output overwritten\n")
-        return {"charts/SPS": [(step, 0.0, step / 2000) for step in range(2000, 100_001, 2000)]}, 50.0
+        return sps_events(2000), 50.0
 
     monkeypatch.setattr(speed, "train", train)
     compiled, graphs = speed.compiled_cells("a2c", "Breakout-v5", 16, 100_000, [], (eager, 100.0), cuda=True)
