@@ -13,6 +13,8 @@ A benchmark stopped part way (Ctrl-C, SIGTERM, a machine that went away) goes on
 which keeps the finished runs, resumes each stopped (or failed) run from its last checkpoint.pt (the script's own
 --resume: pass --checkpoint-every after `--` to have one) and starts the rest, with bench.json's envs, seeds and flags.
 Each run's time is the sum of its segments (status.json): the report's wall time leaves out the time it stood still.
+Seeds run START..START+N-1 (`--start-seed`, `--seeds`): a benchmark folder lost before its last seeds ran goes on
+in a new folder with, e.g., `--start-seed 2 --seeds 2`.
 """
 
 import argparse
@@ -37,7 +39,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algo", help="script name in algorithms/, e.g. ppo")
     p.add_argument("--env-ids", nargs="+", help="env ids to run")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 1..N per env (default: 3)")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds per env (default: 3)")
+    p.add_argument(
+        "--start-seed", type=int, default=None, help="first seed (default: 1): seeds START..START+N-1, e.g. to add seeds later"
+    )
     p.add_argument("--name", default=None, help="benchmark folder name (default: <algo>_<unix time>)")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "runs"), help="parent folder of benchmark folders")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at the same time")
@@ -50,22 +55,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )
     args = p.parse_args(argv)
     if args.resume:
-        if args.algo or args.env_ids or args.seeds or extra:
+        if args.algo or args.env_ids or args.seeds or args.start_seed is not None or extra:
             p.error("--resume takes the algorithm, envs, seeds and flags from the folder's bench.json; pass only --name")
         bench_dir = Path(args.out) / (args.name or "")
         if not args.name or not (bench_dir / "bench.json").is_file() or not (bench_dir / "status.json").is_file():
             p.error(f"--resume needs --name of a benchmark folder with bench.json and status.json; {bench_dir} has none")
         meta = json.loads((bench_dir / "bench.json").read_text())
         args.algo, args.env_ids, args.seeds, extra = meta["algo"], meta["env_ids"], len(meta["seeds"]), meta["extra_args"]
+        args.start_seed = meta["seeds"][0]
     elif not args.algo or not args.env_ids:
         p.error("--algo and --env-ids are required (or --name and --resume to go on with a stopped benchmark)")
     args.seeds = 3 if args.seeds is None else args.seeds
+    args.start_seed = 1 if args.start_seed is None else args.start_seed
     script = ROOT / "algorithms" / f"{args.algo}.py"
     if not script.is_file():
         known = sorted(s.stem for s in (ROOT / "algorithms").glob("*.py"))
         p.error(f"no algorithms/{args.algo}.py; known: {', '.join(known)}")
     if args.seeds < 1 or args.jobs < 1:
         p.error("--seeds and --jobs must be at least 1")
+    if args.start_seed < 0:
+        p.error(f"--start-seed must be 0 or more (got {args.start_seed})")
     return args, extra
 
 
@@ -159,7 +168,12 @@ def main(argv: list[str] | None = None) -> Path:
     args, extra = parse_args(argv)
     bench_dir = Path(args.out) / (args.name or f"{args.algo}_{int(time.time())}")
     (bench_dir / "logs").mkdir(parents=True, exist_ok=True)
-    meta = {"algo": args.algo, "env_ids": args.env_ids, "seeds": list(range(1, args.seeds + 1)), "extra_args": extra}
+    meta = {
+        "algo": args.algo,
+        "env_ids": args.env_ids,
+        "seeds": list(range(args.start_seed, args.start_seed + args.seeds)),
+        "extra_args": extra,
+    }
     if args.resume:
         jobs = resumed_jobs(bench_dir)
     else:

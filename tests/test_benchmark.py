@@ -42,6 +42,24 @@ def test_runner_reports_a_crashed_run(tmp_path):
     assert "unknown env id" in (bench / job["log"]).read_text()
 
 
+def test_runner_start_seed_picks_the_seeds_and_resume_keeps_them(tmp_path, capsys):
+    flags = ["--algo", "ppo", "--env-ids", "NoSuchEnv-v0", "--out", str(tmp_path), "--name", "x", "--status-interval", "0"]
+    bench = run.main([*flags, "--seeds", "2", "--start-seed", "2", "--jobs", "2"])
+    assert json.loads((bench / "bench.json").read_text())["seeds"] == [2, 3]
+    jobs = json.loads((bench / "status.json").read_text())
+    assert [j["seed"] for j in jobs] == [2, 3] and [j["command"].split("--seed ")[1][0] for j in jobs] == ["2", "3"]
+    resume = ["--name", "x", "--out", str(tmp_path), "--resume"]
+    args, _ = run.parse_args(resume)
+    assert (args.start_seed, args.seeds) == (2, 2)
+    for bad, message in (
+        ([*flags, "--start-seed", "-1"], "--start-seed must be 0 or more"),
+        ([*resume, "--start-seed", "2"], "pass only --name"),
+    ):
+        with pytest.raises(SystemExit):
+            run.parse_args(bad)
+        assert message in capsys.readouterr().err
+
+
 def test_runner_stopped_by_sigterm_goes_on_with_resume(tmp_path):
     """SIGTERM to the runner checkpoints its run; --resume goes on from that checkpoint to the full length, appending
     to the log, and the run's time is its two segments, not the time in between."""
