@@ -14,7 +14,6 @@ averaged in.
 import argparse
 import csv
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +133,14 @@ def smoothed_curve(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: int =
     return np.interp(grid, xs, smooth, left=np.nan, right=np.nan)
 
 
+def seed_band(runs: list[dict], x_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The seeds' smoothed curves on a common grid up to the shortest run's end: their mean and std, NaN wherever a
+    seed has no point yet, so the band never stands for a subset of the seeds (which would jump where a seed ends)."""
+    grid = np.linspace(0, min(r[x_key][-1] for r in runs), 200)
+    curves = np.array([smoothed_curve(r[x_key], r["returns"], grid) for r in runs])
+    return grid, curves.mean(0), curves.std(0)
+
+
 def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str, path: Path) -> None:
     import matplotlib
 
@@ -148,11 +155,7 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
         ax.set_xlabel(xlabel)
         ax.set_ylabel("episodic return")
         if ok:
-            grid = np.linspace(0, max(r[x_key][-1] for r in ok), 200)
-            curves = np.array([smoothed_curve(r[x_key], r["returns"], grid) for r in ok])
-            with warnings.catch_warnings():  # grid points past a shorter run are NaN for it: "mean of empty slice"
-                warnings.simplefilter("ignore", RuntimeWarning)
-                mean, std = np.nanmean(curves, 0), np.nanstd(curves, 0)
+            grid, mean, std = seed_band(ok, x_key)
             ax.plot(grid, mean, label=f"{algo} ({len(ok)} seeds)")
             ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
         ref = references.get((algo, env_id))

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -191,6 +192,16 @@ def test_compiled_speed_is_the_second_half_and_its_break_even_length():
     assert speed.pays_from(3 + 100, 3 + 20 + 50, 100_000, 1000, 2000) == pytest.approx(40_000)
     assert speed.pays_from(3 + 100, 3 + 20 + 125, 100_000, 1000, 800) == float("inf")  # slower compiled: never
     assert math.isnan(speed.late_sps({"charts/SPS": compiled["charts/SPS"][:2]}))  # too few events to halve
+
+
+def test_report_seed_band_ends_where_the_shortest_seed_ends():
+    """Two seeds whose last episodes end 10 steps apart (a resumed run's episodes end off the round numbers): the
+    band is their mean to the shorter one's end, never the longer seed alone at the end."""
+    x = np.arange(1, 101, dtype=float) * 10
+    runs = [{"steps": x, "returns": np.zeros(100)}, {"steps": x - 10, "returns": np.full(100, 100.0)}]
+    grid, mean, std = report.seed_band(runs, "steps")
+    assert grid[-1] == 990 and mean[-1] == 50 and std[-1] == 50
+    assert np.all(np.isnan(mean) | (mean == 50))  # NaN before the 20-episode window fills, else both seeds
 
 
 def test_report_on_a_lone_run_stopped_at_its_budget(tmp_path, capsys):
