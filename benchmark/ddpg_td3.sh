@@ -38,7 +38,9 @@ source benchmark/common.sh
 
 # A checkpoint with the replay buffer every 100k steps (110-170 MB): a run this long is stopped and goes on later
 # (`python benchmark/run.py --name ddpg_td3_td3_mujoco --resume`) with its experience. benchmark/results/ddpg_td3_td3_mujoco
-# holds issue 18's Hopper-v4 and HalfCheetah-v4 (run with --env-ids Hopper-v4 HalfCheetah-v4 and --no-cuda, one at a time).
+# holds issue 18's Hopper-v4 and HalfCheetah-v4 (run with --env-ids Hopper-v4 HalfCheetah-v4 and --no-cuda, two at a time,
+# --jobs 2 --threads 1). Its runner folder was lost between sessions before HalfCheetah seeds 2-3 ran, so they ran again
+# from step 0 into a new folder with --start-seed 2 --seeds 2; their data and report are in halfcheetah_seeds_2_3/.
 ckpt=(--save-model --checkpoint-every 100000 --save-buffer)
 if [[ $family == td3 || $family == mujoco ]]; then
   bench ddpg_td3 ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 "${ckpt[@]}"
