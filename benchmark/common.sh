@@ -1,11 +1,12 @@
 # Sourced by benchmark/<algo>.sh from the repository root.
 # bench ALGO NAME ENV... [-- FLAGS]: 3 seeds of each env through the runner (FLAGS go to every run), then the
-# plots and the table into benchmark/results/NAME.
+# plots and the table into benchmark/results/NAME, with the data they are made from (--keep-data: logs and events,
+# not checkpoints), which git keeps: benchmark/runs/ does not outlive a fresh checkout.
 bench() {
   local algo=$1 name=$2
   shift 2
   python benchmark/run.py --algo "$algo" --name "$name" --seeds 3 --env-ids "$@"
-  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name"
+  python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name" --keep-data
 }
 
 # For the scripts that time a CleanRL script beside ours (benchmark/cleanrl_*_speed.sh):

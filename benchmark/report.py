@@ -14,6 +14,7 @@ averaged in.
 import argparse
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,20 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
     plt.close(fig)
 
 
+def keep_data(bench_dir: Path, jobs: list[dict], out: Path) -> None:
+    """Copy what the report is made from (bench.json, status.json, the logs, each run's events; not its checkpoints or
+    models) beside it, so that report.py can make it again from out/ once the benchmark folder is gone."""
+    for name in ("bench.json", "status.json"):
+        shutil.copy2(bench_dir / name, out / name)
+    if (bench_dir / "logs").is_dir():
+        shutil.copytree(bench_dir / "logs", out / "logs", dirs_exist_ok=True)
+    for job in jobs:
+        if job.get("run_dir"):
+            (out / job["run_dir"]).mkdir(parents=True, exist_ok=True)
+            for events in (bench_dir / job["run_dir"]).glob("events.out.tfevents.*"):
+                shutil.copy2(events, out / job["run_dir"] / events.name)
+
+
 def main(argv: list[str] | None = None) -> Path:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bench_dir", help="a folder written by benchmark/run.py")
@@ -185,8 +200,18 @@ def main(argv: list[str] | None = None) -> Path:
         default=None,
         help="bench_dir is one run's own folder, made by ALGO's script without run.py (a run stopped at a time budget)",
     )
+    p.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="copy the benchmark's bench.json, status.json, logs and events (not checkpoints) into --out beside the report",
+    )
     args = p.parse_args(argv)
     bench_dir = Path(args.bench_dir)
+    if args.keep_data and (args.lone_run or not args.out or Path(args.out).resolve() == bench_dir.resolve()):
+        p.error(
+            "--keep-data copies a run.py folder's data into another --out folder; a lone run's events or a report "
+            "written into its own folder are there already"
+        )
     if args.lone_run:
         if len(bench_dir.name.split("__")) != 4 or not list(bench_dir.glob("events.out.tfevents.*")):
             p.error(f"{bench_dir} is not a run's folder (runs/<env_id>__<algo>__<seed>__<time> with event files)")
@@ -204,6 +229,8 @@ def main(argv: list[str] | None = None) -> Path:
     references = {(name, e): r for a in (algo, name) for (k, e), r in every.items() if k == a}
     algo = name
     runs = [summarise_run(bench_dir, job) for job in jobs]
+    if args.keep_data:
+        keep_data(bench_dir, jobs, out)
     (out / "report.md").write_text(table(algo, runs, references))
     plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png")
     plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png")

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,7 +153,14 @@ def hand_made_bench(tmp_path):
 
 
 def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
-    text = (report.main([str(hand_made_bench), "--out", str(tmp_path / "r")]) / "report.md").read_text()
+    (hand_made_bench / "runs" / "CartPole-v1__ppo__1__1" / "checkpoint.pt").write_bytes(b"not copied")
+    text = (report.main([str(hand_made_bench), "--out", str(tmp_path / "r"), "--keep-data"]) / "report.md").read_text()
+    # --keep-data: the copy beside the report (no checkpoints) makes the same report once the benchmark folder is gone
+    shutil.rmtree(hand_made_bench)
+    assert (report.main([str(tmp_path / "r")]) / "report.md").read_text() == text
+    assert not list((tmp_path / "r").rglob("checkpoint.pt"))
+    with pytest.raises(SystemExit):  # into its own folder: nothing to copy, one line
+        report.main([str(tmp_path / "r"), "--keep-data"])
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     assert rows["CartPole-v1"][1:4] == ["2/2", "490.0 +- 10.0", "2,000"]  # mean and population std over seeds; SPS
     assert rows["CartPole-v1"][-1].startswith("ok")  # 490 +- 10 is within the reference's 490.0 +- 6.1
