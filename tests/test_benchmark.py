@@ -153,14 +153,7 @@ def hand_made_bench(tmp_path):
 
 
 def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
-    (hand_made_bench / "runs" / "CartPole-v1__ppo__1__1" / "checkpoint.pt").write_bytes(b"not copied")
-    text = (report.main([str(hand_made_bench), "--out", str(tmp_path / "r"), "--keep-data"]) / "report.md").read_text()
-    # --keep-data: the copy beside the report (no checkpoints) makes the same report once the benchmark folder is gone
-    shutil.rmtree(hand_made_bench)
-    assert (report.main([str(tmp_path / "r")]) / "report.md").read_text() == text
-    assert not list((tmp_path / "r").rglob("checkpoint.pt"))
-    with pytest.raises(SystemExit):  # into its own folder: nothing to copy, one line
-        report.main([str(tmp_path / "r"), "--keep-data"])
+    text = (report.main([str(hand_made_bench), "--out", str(tmp_path / "r")]) / "report.md").read_text()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     assert rows["CartPole-v1"][1:4] == ["2/2", "490.0 +- 10.0", "2,000"]  # mean and population std over seeds; SPS
     assert rows["CartPole-v1"][-1].startswith("ok")  # 490 +- 10 is within the reference's 490.0 +- 6.1
@@ -170,6 +163,17 @@ def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
     assert rows["Pendulum-v1"][1] == "0/2" and rows["Pendulum-v1"][-1] == "not finished |"  # still to go on with --resume
     assert "Pendulum-v1 seed 1: stopped (not finished)" in text and "Pendulum-v1 seed 2: waiting (not finished)" in text
     assert rows["Hopper-v4"][-1] == "**failed** |"  # a crash among them is a failure
+
+
+def test_report_keep_data_makes_the_same_report_once_the_benchmark_folder_is_gone(hand_made_bench, tmp_path):
+    """--keep-data copies bench.json, status.json, the logs and the events beside the report, not the checkpoints."""
+    (hand_made_bench / "runs" / "CartPole-v1__ppo__1__1" / "checkpoint.pt").write_bytes(b"not copied")
+    text = (report.main([str(hand_made_bench), "--out", str(tmp_path / "r"), "--keep-data"]) / "report.md").read_text()
+    shutil.rmtree(hand_made_bench)
+    assert (report.main([str(tmp_path / "r")]) / "report.md").read_text() == text
+    assert not list((tmp_path / "r").rglob("checkpoint.pt"))
+    with pytest.raises(SystemExit):  # into its own folder: nothing to copy, one line
+        report.main([str(tmp_path / "r"), "--keep-data"])
 
 
 def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path):
