@@ -1,8 +1,10 @@
 """A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it; benchmark: `bash benchmark/a2c.sh`."""
 
+import ast
 import contextlib
 import dataclasses
 import difflib
+import inspect
 import io
 import os
 import random
@@ -10,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -46,7 +49,8 @@ class Args:
     """use CUDA when it is available"""
     compile: bool = False
     """torch.compile the acting step and the update (inductor, on CPU and CUDA; the first iterations pay the compile
-    time, about 20 s): off by default, the eager code is the one to read"""
+    time, which inductor caches on disk for later runs): off by default, the eager code is the one to read; docs/speed.md
+    says where it pays"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
     recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
@@ -724,6 +728,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     flag checked against RANGES; with --resume, the checkpoint's arguments."""
     argv = sys.argv[1:] if argv is None else list(argv)
     defaults = preset_defaults(argv)
+    one_line_help(Args)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -734,6 +739,17 @@ def parse_args(argv: list[str] | None = None) -> Args:
         raise
     check_ranges(args)
     return resumed_args(args, argv) if args.resume else args
+
+
+def one_line_help(cls: type) -> None:
+    """Each field's docstring, joined into one line, as its --help text: tyro keeps every line break of an indented
+    docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    for field, doc in zip(body, body[1:], strict=False):
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            name = field.target.id
+            cls.__annotations__[name] = typing.Annotated[hints[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:

@@ -1,8 +1,10 @@
 """DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016); benchmark: `bash benchmark/dqn.sh`."""
 
+import ast
 import contextlib
 import dataclasses
 import difflib
+import inspect
 import io
 import os
 import random
@@ -10,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -35,8 +38,8 @@ class Args:
     """envpool id (CartPole-v1, Breakout-v5, ...) or any gymnasium id with Discrete actions, including 'module:Env-v0'"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
     """who steps the envs: envpool (C++ worker threads) or a gymnasium vector env in this process; auto takes
-    gymnasium for a single classic-control env that does not render, whose Python step (13-46 us) is cheaper than
-    envpool's hand-off to its worker thread (~65 us), and envpool for everything else it has"""
+    gymnasium for a single classic-control env that does not render (its Python step costs less than envpool's
+    hand-off to a worker thread), and envpool for everything else it has"""
     preset: Literal["auto", "classic", "atari"] = "auto"
     """defaults that reproduce a family's reference: classic (CleanRL dqn.py), atari (CleanRL dqn_atari.py: 10M steps,
     1M buffer, lr 1e-4, batch 32, train every 4 steps, target copy every 1000); auto picks atari for image observations"""
@@ -48,8 +51,8 @@ class Args:
     """use CUDA when it is available"""
     compile: bool = False
     """torch.compile the greedy acting step and the TD update (inductor, on CPU and CUDA; the first steps pay the
-    compile time, 10-50 s): off by default, the eager code is the one to read (and on a CPU the classic MLP runs
-    slower compiled, see the README)"""
+    compile time, which inductor caches on disk for later runs): off by default, the eager code is the one to read;
+    on a CPU the classic MLP runs slower compiled (docs/speed.md)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
     recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
@@ -733,6 +736,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     flag checked against RANGES; with --resume, the checkpoint's arguments."""
     argv = sys.argv[1:] if argv is None else list(argv)
     defaults = preset_defaults(argv)
+    one_line_help(Args)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -743,6 +747,17 @@ def parse_args(argv: list[str] | None = None) -> Args:
         raise
     check_ranges(args)
     return resumed_args(args, argv) if args.resume else args
+
+
+def one_line_help(cls: type) -> None:
+    """Each field's docstring, joined into one line, as its --help text: tyro keeps every line break of an indented
+    docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    for field, doc in zip(body, body[1:], strict=False):
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            name = field.target.id
+            cls.__annotations__[name] = typing.Annotated[hints[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:

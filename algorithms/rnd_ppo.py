@@ -1,14 +1,17 @@
 """RND, Random Network Distillation (Burda et al. 2019), with PPO on envpool Atari; benchmark: `bash benchmark/rnd_ppo.sh`."""
 
+import ast
 import contextlib
 import dataclasses
 import difflib
+import inspect
 import io
 import os
 import random
 import signal
 import sys
 import time
+import typing
 import warnings
 from dataclasses import dataclass
 
@@ -42,8 +45,8 @@ class Args:
     """use CUDA when it is available"""
     compile: bool = False
     """torch.compile the acting step, the chunks of a minibatch (PPO loss, predictor loss) and the optimiser step
-    (inductor, on CPU and CUDA; the first iterations pay the compile time): off by default, the eager code is the one to
-    read"""
+    (inductor, on CPU and CUDA; the first iterations pay the compile time, which inductor caches on disk for later runs): off
+    by default, the eager code is the one to read"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
     recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
@@ -845,6 +848,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     flag checked against RANGES; with --resume, the checkpoint's arguments."""
     argv = sys.argv[1:] if argv is None else list(argv)
     defaults = preset_defaults(argv)
+    one_line_help(Args)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -855,6 +859,17 @@ def parse_args(argv: list[str] | None = None) -> Args:
         raise
     check_ranges(args)
     return resumed_args(args, argv) if args.resume else args
+
+
+def one_line_help(cls: type) -> None:
+    """Each field's docstring, joined into one line, as its --help text: tyro keeps every line break of an indented
+    docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    for field, doc in zip(body, body[1:], strict=False):
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            name = field.target.id
+            cls.__annotations__[name] = typing.Annotated[hints[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
