@@ -4,11 +4,11 @@
     python benchmark/report.py runs/Pong-v5__ppo__1__1795517044 --lone-run ppo --out benchmark/results/ppo_atari_pong_h100
 
 Writes returns_vs_steps.png and returns_vs_time.png (one panel per env: mean over seeds, shaded +- one standard
-deviation) and report.md: per env, the mean and standard deviation over seeds of each run's mean return over its
-last 100 training episodes (the definition of CleanRL and openrlbenchmark), SPS, wall time, the evaluation of the
-reloaded --save-model model where there is one, the exact greedy return where a tabular run logs it, and the
-reference from benchmark/references.csv with its source. A run that crashed or logged no episode is listed as such, never
-averaged in.
+deviation) and report.md, which shows them below its table: per env, the mean and standard deviation over seeds of
+each run's mean return over its last 100 training episodes (the definition of CleanRL and openrlbenchmark), SPS, wall
+time, the evaluation of the reloaded --save-model model where there is one, the exact greedy return where a tabular
+run logs it, and the reference from benchmark/references.csv with its source. A run that crashed or logged no episode
+is listed as such, never averaged in.
 """
 
 import argparse
@@ -24,6 +24,8 @@ from tblog import read_scalars
 
 HERE = Path(__file__).resolve().parent
 LAST_EPISODES = 100
+# the curves, shown in the report itself (GitHub renders them), as written beside it
+PLOTS = "\n![returns against env steps](returns_vs_steps.png)\n\n![returns against wall time](returns_vs_time.png)\n"
 
 
 def load_references(path: Path = HERE / "references.csv") -> dict[tuple[str, str], dict]:
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> Path:
     runs = [summarise_run(bench_dir, job) for job in jobs]
     if args.keep_data:
         keep_data(bench_dir, jobs, out)
-    (out / "report.md").write_text(table(algo, runs, references))
+    (out / "report.md").write_text(table(algo, runs, references) + PLOTS)
     plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png")
     plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png")
     print((out / "report.md").read_text())
