@@ -15,7 +15,7 @@
 #   BeamRider-v5      10M    atari    2890 +- 1379      (BeamRiderNoFrameskip-v4 there)
 #   HalfCheetah-v4    1M     mujoco   3041 +- 157       (HalfCheetah-v3 there)
 #   Hopper-v4         1M     mujoco   733 +- 377        (Hopper-v3 there)
-#   Walker2d-v4       1M     mujoco   582               (Walker2d-v3; figure from issue 5; the zoo's sb3/a2c-Walker2d-v3
+#   Walker2d-v4       1M     mujoco   582               (Walker2d-v3 there; the zoo's sb3/a2c-Walker2d-v3
 #                                                        model card on the Hugging Face Hub says 577.5 +- 43.8)
 #
 # The zoo's figures are one trained agent per env, evaluated after training (sampled actions on Atari, the greedy
@@ -27,7 +27,7 @@
 # Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all|sb3]
 #   sb3: Stable-Baselines3's own A2C with the zoo's MuJoCo entry on gymnasium's HalfCheetah-v4 and Hopper-v4, 3 seeds
 #        (benchmark/sb3_a2c_mujoco.py; stable-baselines3 and mujoco go into $DEPS): how A2C itself fares with these
-#        settings, beside a2c_mujoco. About 30 min a run here.
+#        settings, beside a2c_mujoco. About 30 min a run on a 2-core CPU.
 # Classic control takes about a minute a run on a quiet 2-core CPU (CartPole-v1). Atari 10M steps wants a GPU;
 # MuJoCo's 1 env x 5 steps makes 200k updates of a small batch, which a GPU does not speed up.
 set -euo pipefail
@@ -44,7 +44,7 @@ if [[ $family == classic || $family == all ]]; then
   bench a2c a2c_mountaincar MountainCar-v0 -- "${final[@]}" --num-envs 16 --norm-obs --norm-reward --total-timesteps 1000000
 fi
 if [[ $family == atari || $family == all ]]; then bench a2c a2c_atari Pong-v5 Breakout-v5 BeamRider-v5 -- --save-model; fi
-# MuJoCo (benchmark/results/a2c_mujoco: issue 18's HalfCheetah-v4 and Hopper-v4, one run at a time, --no-cuda): a
+# MuJoCo (benchmark/results/a2c_mujoco holds HalfCheetah-v4 and Hopper-v4, run one at a time with --no-cuda): a
 # checkpoint every 100k steps, so a stopped benchmark goes on with `python benchmark/run.py --name a2c_mujoco --resume`
 if [[ $family == mujoco || $family == all ]]; then
   bench a2c a2c_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- "${final[@]}" --checkpoint-every 100000

@@ -23,11 +23,11 @@
 #
 # Usage: bash benchmark/ddpg_td3.sh [td3|ddpg|mujoco|pendulum|speed]   (mujoco = td3 and ddpg)
 # A 1M-step MuJoCo run does 1M gradient steps of 256-256 networks (about 0.4 GFLOP each): about 2.4 h per run at
-# 110-120 SPS on one core of this 2-core CPU (2026-11-24, beside an A2C run), compute-bound (~47 GFLOP/s, near one
-# core's float32 peak), or 1.6 h at 171 SPS with OMP_NUM_THREADS=2 alone; 9 runs per algo: a GPU machine or several
-# sessions.
+# 110-120 SPS on one core of a 2-core x86 CPU (beside an A2C run), compute-bound (~47 GFLOP/s, near one core's
+# float32 peak), or 1.6 h at 171 SPS with OMP_NUM_THREADS=2 alone; 9 runs per algo: a GPU machine, or stop and
+# resume (the checkpoints below).
 #   pendulum: TD3 and DDPG on Pendulum-v1 with the classic preset (15k steps, 64-64 MLPs), 3 seeds: about a minute
-#             a run here (TD3 reaches -250 by 7-9k steps, tests/test_ddpg_td3.py).
+#             a run on a 2-core CPU (TD3 reaches -250 by 7-9k steps, tests/test_ddpg_td3.py).
 #   speed:    SPS on Hopper-v4 once learning has started (1 env, batch 256, 256-256 MLPs; 256 random steps, then
 #             4,744 gradient steps) and the time split (env steps / acting / updates / the rest), 1 thread and 2.
 set -euo pipefail
@@ -38,9 +38,9 @@ source benchmark/common.sh
 
 # A checkpoint with the replay buffer every 100k steps (110-170 MB): a run this long is stopped and goes on later
 # (`python benchmark/run.py --name ddpg_td3_td3_mujoco --resume`) with its experience. benchmark/results/ddpg_td3_td3_mujoco
-# holds issue 18's Hopper-v4 and HalfCheetah-v4 (run with --env-ids Hopper-v4 HalfCheetah-v4 and --no-cuda, two at a time,
-# --jobs 2 --threads 1). Its runner folder was lost between sessions before HalfCheetah seeds 2-3 ran, so they ran again
-# from step 0 into a new folder with --start-seed 2 --seeds 2; their data and report are in halfcheetah_seeds_2_3/.
+# holds Hopper-v4 and HalfCheetah-v4 (run with --env-ids Hopper-v4 HalfCheetah-v4 and --no-cuda, two at a time,
+# --jobs 2 --threads 1). Its runner folder was not kept before HalfCheetah seeds 2-3 ran, so they ran from step 0 into a
+# new folder with --start-seed 2 --seeds 2; their data and report are in halfcheetah_seeds_2_3/.
 ckpt=(--save-model --checkpoint-every 100000 --save-buffer)
 if [[ $family == td3 || $family == mujoco ]]; then
   bench ddpg_td3 ddpg_td3_td3_mujoco HalfCheetah-v4 Hopper-v4 Walker2d-v4 -- --algo td3 "${ckpt[@]}"

@@ -12,7 +12,7 @@
 #   BeamRider-v5      10M    atari    6673.24 +- 1434.37  (dqn_atari.py; Mnih et al. 2015, 50M steps: 6846 +- 1619)
 #
 # Classic control runs its one env through gymnasium in the process (--env-backend auto: faster than envpool for a
-# single env), as CleanRL's dqn.py does; the results before 2026-11-22 came from envpool's CartPole and were alike.
+# single env), as CleanRL's dqn.py does; runs through envpool's CartPole gave alike results.
 #
 # CleanRL ran the NoFrameskip-v4 games through SB3's wrappers (noop reset, frame skip 4 with max-pooling, episodic
 # life, FIRE on reset, clipped rewards, 84x84 grey, 4-frame stacks, no sticky actions): envpool's -v5 defaults

@@ -26,7 +26,7 @@
 #
 # Usage: bash benchmark/es.sh [classic|mujoco|all|speed]   (OMP_NUM_THREADS=1 per run, set by the runner)
 # Classic control: about a minute a run on a quiet 2-core CPU. MuJoCo: 500 generations of 256 episodes of up to
-# 1,000 steps is up to 128M env steps a run: hours on this CPU, wants many cores (torchrun) or a GPU for the
+# 1,000 steps is up to 128M env steps a run: hours on a 2-core CPU, wants many cores (torchrun) or a GPU for the
 # 256-256 networks.
 #   speed: population throughput against envpool's random-action throughput for the same env and number of envs
 #          (CartPole-v1, 256 members), then 1 process against 2 under torchrun (same seed, same work).

@@ -16,7 +16,7 @@
 #
 # Usage: bash benchmark/ppo.sh [classic|atari|mujoco|all]
 # Classic control takes about 1.5 minutes a run on a quiet 2-core CPU. Atari 10M steps is about 7 hours a run
-# there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run here, two at a time
+# there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run on a 2-core CPU, two at a time
 # (one thread each; 51 min while other work shared the cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."

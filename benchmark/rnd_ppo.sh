@@ -15,8 +15,9 @@
 # What to watch besides the return: charts/rooms_visited_total and charts/episode_rooms (Montezuma and Pitfall only),
 # charts/intrinsic_reward, losses/rnd_loss.
 #
-# A full run is a GPU job of days. On the 2-core CPU of the development machine the 491M steps would take years; the random-action statistics alone (50 x 128 steps of 128 envs, 819,200 env
-# steps) take minutes there (the run prints the time and logs charts/obs_norm_init_seconds).
+# A full run is a GPU job of days. On a 2-core x86 CPU the 491M steps would take years; the random-action statistics
+# alone (50 x 128 steps of 128 envs, 819,200 env steps) take minutes there (the run prints the time and logs
+# charts/obs_norm_init_seconds).
 #
 # Usage: bash benchmark/rnd_ppo.sh [STEPS] [montezuma|others]   (default 491520000 montezuma; a smaller STEPS runs the
 # same commands shorter)
