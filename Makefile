@@ -4,8 +4,10 @@ PIP ?= $(PYTHON) -m pip
 
 .PHONY: install qt5 run test test-fast lint format bench
 
+# TORCH_INDEX picks the build of torch: e.g. https://download.pytorch.org/whl/cpu for the CPU-only one
+# (on Linux, PyPI's torch is a CUDA build of several GB)
 install: qt5
-	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --quiet -r requirements.txt
 
 # envpool's Procgen envs need the Qt 5 runtime (libQt5Gui.so.5)
