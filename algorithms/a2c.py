@@ -373,7 +373,7 @@ def normalize_obs(obs: torch.Tensor, rms: RunningMeanStd | None, clip: float = 1
 
 
 def scale_reward(reward, discounted_return, done, rms: RunningMeanStd, gamma: float, clip: float = 10.0):
-    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 6).
+    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
 
     Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
     skipping it would need a host sync per step. Returns (scaled reward, discounted return for the next step).

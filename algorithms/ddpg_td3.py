@@ -33,7 +33,7 @@ warnings.filterwarnings("ignore", message=".*precision lowered by casting to flo
 class Args:
     # --- run infrastructure ---
     exp_name: str = "td3"
-    """name of this experiment, part of the run directory name (default: the --algo)"""
+    """name of this experiment, part of the run directory name; the --algo's name unless given"""
     env_id: str = "Hopper-v4"
     """envpool id (Hopper-v4, HalfCheetah-v5, Pendulum-v1, ...) or any gymnasium id with Box actions, including
     'module:Env-v0'"""

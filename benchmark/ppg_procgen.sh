@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PPG on Procgen: the exact commands of the paper's setting (Easy distribution, unlimited levels, 25M steps), 3 seeds
+# PPG on Procgen: the exact commands of CleanRL's benchmark setting (Easy distribution, unlimited levels, 25M steps), 3 seeds
 # each, through the runner; references are in benchmark/references.csv.
 #
 #   env                 steps  reference (mean episodic return at 25M steps)

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import figure
 import pytest
+
+import figure
 from algos import ROOT, load_algorithm
 
 SCRIPTS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
