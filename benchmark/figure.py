@@ -5,7 +5,8 @@
 
 Made from the data committed under benchmark/results/ (each benchmark's bench.json, status.json and event files,
 which `report.py --keep-data` copies there, or a lone run's events), with report.py's own curves: the mean over seeds
-of each seed's 20-episode rolling mean, shaded +- one standard deviation, up to where the shortest seed ends.
+of each seed's 20-episode rolling mean (an exact return as logged), shaded +- one standard deviation, up to where the
+shortest seed ends.
 """
 
 import argparse
@@ -19,21 +20,20 @@ from tblog import read_scalars
 
 RESULTS = HERE / "results"
 
-# (title, results folder, env id, tag, algo as in references.csv): the benchmark's headline env, its training return
-# (tabular Q-learning: the exact return of its greedy policy, the figure its reference, the optimum, is about)
+# One panel per committed benchmark that has a published reference: (title, results folder, its headline env, the tag
+# plotted, the algo as in references.csv). The tag is the training return, except for tabular Q-learning, whose
+# reference (the optimum) is about the exact return of its greedy policy.
 PANELS = [
-    ("PPO", "ppo_classic", "CartPole-v1", "charts/episodic_return", "ppo"),
     ("PPO", "ppo_classic", "Acrobot-v1", "charts/episodic_return", "ppo"),
-    ("PPO, one H100, 3.3M of 10M steps", "ppo_atari_pong_h100", "Pong-v5", "charts/episodic_return", "ppo"),
+    ("PPO", "ppo_mujoco_hopper", "Hopper-v4", "charts/episodic_return", "ppo"),
+    ("PPO, 3.3M of 10M steps", "ppo_atari_pong_h100", "Pong-v5", "charts/episodic_return", "ppo"),
     ("DQN", "dqn_classic", "CartPole-v1", "charts/episodic_return", "dqn"),
-    ("DQN", "dqn_classic", "Acrobot-v1", "charts/episodic_return", "dqn"),
+    ("A2C", "a2c_cartpole", "CartPole-v1", "charts/episodic_return", "a2c"),
     ("A2C", "a2c_acrobot", "Acrobot-v1", "charts/episodic_return", "a2c"),
     ("A2C", "a2c_mountaincar", "MountainCar-v0", "charts/episodic_return", "a2c"),
     ("TD3, seeds 2-3", "ddpg_td3_td3_mujoco/halfcheetah_seeds_2_3", "HalfCheetah-v4", "charts/episodic_return", "ddpg_td3"),
     ("ES", "es_cartpole", "CartPole-v1", "charts/episodic_return", "es"),
-    ("Q-learning, greedy policy", "qlearning_toytext", "FrozenLake8x8-v1", "eval/exact_return", "qlearning"),
-    ("Q-learning, greedy policy", "qlearning_toytext", "Taxi-v3", "eval/exact_return", "qlearning"),
-    ("Q-learning, greedy policy", "qlearning_toytext", "CliffWalking-v0", "eval/exact_return", "qlearning"),
+    ("Q-learning, greedy", "qlearning_toytext", "Taxi-v3", "eval/exact_return", "qlearning"),
 ]
 
 
@@ -56,7 +56,7 @@ def benchmark_runs(folder: Path, env_id: str, tag: str) -> list[dict]:
     return runs
 
 
-def draw(out: Path, panels: list[tuple] = PANELS, columns: int = 4) -> int:
+def draw(out: Path, panels: list[tuple] = PANELS, columns: int = 5) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,7 +67,8 @@ def draw(out: Path, panels: list[tuple] = PANELS, columns: int = 4) -> int:
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.6 * rows), squeeze=False)
     for ax, (title, folder, env_id, tag, algo) in zip(axes.flat, panels, strict=False):
         runs = benchmark_runs(RESULTS / folder, env_id, tag)
-        grid, mean, std = seed_band(runs, "steps")
+        # episodes are smoothed over 20 as in the reports; an exact return, logged every --log-every steps, is not
+        grid, mean, std = seed_band(runs, "steps", window=20 if tag == "charts/episodic_return" else 1)
         ax.plot(grid, mean, label=f"ours ({len(runs)} seed{'s' * (len(runs) > 1)})")
         ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
         ref = references.get((algo, env_id))

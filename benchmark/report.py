@@ -136,11 +136,11 @@ def smoothed_curve(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: int =
     return np.interp(grid, xs, smooth, left=np.nan, right=np.nan)
 
 
-def seed_band(runs: list[dict], x_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def seed_band(runs: list[dict], x_key: str, window: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The seeds' smoothed curves on a common grid up to the shortest run's end: their mean and std, NaN wherever a
     seed has no point yet, so the band never stands for a subset of the seeds (which would jump where a seed ends)."""
     grid = np.linspace(0, min(r[x_key][-1] for r in runs), 200)
-    curves = np.array([smoothed_curve(r[x_key], r["returns"], grid) for r in runs])
+    curves = np.array([smoothed_curve(r[x_key], r["returns"], grid, window) for r in runs])
     return grid, curves.mean(0), curves.std(0)
 
 
