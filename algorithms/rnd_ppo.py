@@ -130,6 +130,10 @@ class Args:
     """total_timesteps // batch_size (computed)"""
 
 
+# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
+# so that a file of another layout is refused in one line instead of failing part way through a resume
+CHECKPOINT_FORMAT = 1
+
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
     seed="[0, 1e9]",
@@ -1038,9 +1042,12 @@ def crossed(count: int, advanced: int, every: int) -> bool:
 
 
 def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
-    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script and
-    its arguments. Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
-    state = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **state)
+    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script, its
+    arguments, its CHECKPOINT_FORMAT and the names of its fields, which load_checkpoint checks before anything is read.
+    Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
+    layout = dict(format=CHECKPOINT_FORMAT, fields=sorted(state))
+    marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **layout)
+    state = {**marks, **state}
     torch.save(state, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
 
@@ -1059,6 +1066,16 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     if script != SCRIPT:
         found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
         fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
+    found = f"{SCRIPT} checkpoint format {state.get('format', '0 (from before format numbers)')}"
+    if state.get("format") != CHECKPOINT_FORMAT:
+        fail(
+            f"'{path}' has {found}, and this {SCRIPT} reads format {CHECKPOINT_FORMAT}; rerun, or resume it with the "
+            f"version of {SCRIPT} that wrote it"
+        )
+    fields = ["kind", "args", "run_name", *state.get("fields", ["fields"])]
+    missing = [k for k in fields if k not in state] + ["args.env_id"] * ("env_id" not in state.get("args", {}))
+    if missing:
+        fail(f"'{path}' ({found}) lacks {', '.join(missing)}: it was cut short or edited; resume from another checkpoint")
     if state["kind"] != kind:
         fail(
             f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "

@@ -96,13 +96,22 @@ def test_tyro_errors_and_names_read_as_one_line(name, argv, message, tmp_path):
 def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path):
     env_id = MODULES[name].parse_args([]).env_id
     other = "dqn.py" if name != "dqn" else "ppo.py"
+    layout = dict(format=MODULES[name].CHECKPOINT_FORMAT, fields=["model"], run_name="r", model={})
     files = {
         "missing.pt": None,
         "garbage.pt": b"not a checkpoint",
         "foreign.pt": dict(script=other, kind="checkpoint", args=dict(env_id=env_id)),
         "legacy.pt": dict(args=dict(env_id=env_id), model={}),  # written before checkpoints named their script
-        f"{name}.model": dict(script=f"{name}.py", kind="model", args=dict(env_id=env_id)),
-        "other_env.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id="Foo-v0")),
+        f"{name}.model": dict(script=f"{name}.py", kind="model", args=dict(env_id=env_id), **layout),
+        "other_env.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id="Foo-v0"), **layout),
+        # written before checkpoints carried a format number, or by a version with another layout
+        "unnumbered.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id=env_id), run_name="r", model={}),
+        "other_format.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id=env_id), **{**layout, "format": 99}),
+        # a field it names is gone (cut short, or edited by hand)
+        "cut_short.pt": dict(
+            script=f"{name}.py", kind="checkpoint", args=dict(env_id=env_id), **{**layout, "fields": ["model", "optimizer"]}
+        ),
+        "no_env_id.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(seed=1), **layout),
     }
     expected = {
         "missing.pt": r"does not exist; pass the runs/<run>/checkpoint.pt",
@@ -111,6 +120,11 @@ def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path):
         "legacy.pt": r"is not a checkpoint of this project's scripts",
         f"{name}.model": r"is a final model, which has no optimiser state",
         "other_env.pt": rf"is for Foo-v0, not {env_id}; pass --env-id Foo-v0",
+        "unnumbered.pt": rf"has {name}.py checkpoint format 0 \(from before format numbers\), and this {name}.py reads format "
+        rf"{MODULES[name].CHECKPOINT_FORMAT}; rerun, or resume it with the version of {name}.py that wrote it",
+        "other_format.pt": rf"has {name}.py checkpoint format 99, and this {name}.py reads format",
+        "cut_short.pt": r"lacks optimizer: it was cut short or edited; resume from another checkpoint",
+        "no_env_id.pt": r"lacks args.env_id",
     }
     for file, content in files.items():
         path = tmp_path / file
