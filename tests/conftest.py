@@ -80,10 +80,16 @@ def seeded_runs(name: str, seeds, cwd: Path, *flags: str, tags=(), read=None, en
     return runs
 
 
+def marks(script: str, **fields) -> dict:
+    """The fields as save_checkpoint marks them for script: its name, its CHECKPOINT_FORMAT and the fields' names."""
+    layout = load_algorithm(script.removesuffix(".py")).CHECKPOINT_FORMAT
+    return dict(script=script, format=layout, fields=sorted(fields), run_name="r", **fields)
+
+
 def write_foreign_checkpoint(path: Path, env_id: str, script: str) -> str:
     """A checkpoint of script for another env, for the 'checkpoint is for <env>' error; it has the keys that each
     script checks for before it compares the env."""
-    torch.save({"script": script, "kind": "checkpoint", "args": {"env_id": env_id}, "model": {}, "q": torch.zeros(1)}, path)
+    torch.save({"kind": "checkpoint", "args": {"env_id": env_id}, **marks(script, model={}, q=torch.zeros(1))}, path)
     return str(path)
 
 

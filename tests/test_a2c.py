@@ -10,6 +10,7 @@ from conftest import (
     assert_one_error_line,
     flat_params,
     load_algorithm,
+    marks,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -304,7 +305,7 @@ def test_same_seed_same_run_on_cpu(tmp_path):
 def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
     ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "CartPole-v1", "ppo.py")
     a2c_model = tmp_path / "a2c.model"
-    torch.save({"script": "a2c.py", "kind": "model", "args": {"env_id": "CartPole-v1"}, "model": {}}, a2c_model)
+    torch.save({"kind": "model", "args": {"env_id": "CartPole-v1"}, **marks("a2c.py", model={})}, a2c_model)
     flags = [{"PPO_CHECKPOINT": ppo_checkpoint, "A2C_MODEL": str(a2c_model)}.get(f, f) for f in flags]
     assert_one_error_line("a2c", run_bad_input("a2c", flags, tmp_path, "Acrobot-v1"), message)
 
