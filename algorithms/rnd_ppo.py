@@ -868,12 +868,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
 def one_line_help(cls: type) -> None:
     """Each field's docstring, joined into one line, as its --help text: tyro keeps every line break of an indented
     docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width."""
-    hints = typing.get_type_hints(cls, include_extras=True)
+    types = {f.name: f.type for f in dataclasses.fields(cls)}  # as written: a second call wraps nothing twice
     body = ast.parse(inspect.getsource(cls)).body[0].body
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
             name = field.target.id
-            cls.__annotations__[name] = typing.Annotated[hints[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
+            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -1066,16 +1066,16 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     if script != SCRIPT:
         found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
         fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
-    found = f"{SCRIPT} checkpoint format {state.get('format', '0 (from before format numbers)')}"
+    written = f"{SCRIPT} checkpoint format {state.get('format', '0 (from before format numbers)')}"
     if state.get("format") != CHECKPOINT_FORMAT:
         fail(
-            f"'{path}' has {found}, and this {SCRIPT} reads format {CHECKPOINT_FORMAT}; rerun, or resume it with the "
+            f"'{path}' has {written}, and this {SCRIPT} reads format {CHECKPOINT_FORMAT}; rerun, or resume it with the "
             f"version of {SCRIPT} that wrote it"
         )
-    fields = ["kind", "args", "run_name", *state.get("fields", ["fields"])]
-    missing = [k for k in fields if k not in state] + ["args.env_id"] * ("env_id" not in state.get("args", {}))
+    required = ["kind", "args", "run_name", "fields", *state.get("fields", [])]
+    missing = [k for k in required if k not in state] + ["args.env_id"] * ("env_id" not in state.get("args", {}))
     if missing:
-        fail(f"'{path}' ({found}) lacks {', '.join(missing)}: it was cut short or edited; resume from another checkpoint")
+        fail(f"'{path}' ({written}) lacks {', '.join(missing)}: it was cut short or edited; resume from another checkpoint")
     if state["kind"] != kind:
         fail(
             f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_error_line, load_algorithm, run_in_process
+from conftest import ROOT, assert_one_error_line, load_algorithm, marks, run_in_process
 
 ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
 MODULES = {name: load_algorithm(name) for name in ALGORITHMS}
@@ -96,22 +96,20 @@ def test_tyro_errors_and_names_read_as_one_line(name, argv, message, tmp_path):
 def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path):
     env_id = MODULES[name].parse_args([]).env_id
     other = "dqn.py" if name != "dqn" else "ppo.py"
-    layout = dict(format=MODULES[name].CHECKPOINT_FORMAT, fields=["model"], run_name="r", model={})
+    own = marks(f"{name}.py", model={})  # this script's marks, as save_checkpoint writes them
     files = {
         "missing.pt": None,
         "garbage.pt": b"not a checkpoint",
         "foreign.pt": dict(script=other, kind="checkpoint", args=dict(env_id=env_id)),
         "legacy.pt": dict(args=dict(env_id=env_id), model={}),  # written before checkpoints named their script
-        f"{name}.model": dict(script=f"{name}.py", kind="model", args=dict(env_id=env_id), **layout),
-        "other_env.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id="Foo-v0"), **layout),
+        f"{name}.model": dict(kind="model", args=dict(env_id=env_id), **own),
+        "other_env.pt": dict(kind="checkpoint", args=dict(env_id="Foo-v0"), **own),
         # written before checkpoints carried a format number, or by a version with another layout
         "unnumbered.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id=env_id), run_name="r", model={}),
-        "other_format.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(env_id=env_id), **{**layout, "format": 99}),
+        "other_format.pt": dict(kind="checkpoint", args=dict(env_id=env_id), **{**own, "format": 99}),
         # a field it names is gone (cut short, or edited by hand)
-        "cut_short.pt": dict(
-            script=f"{name}.py", kind="checkpoint", args=dict(env_id=env_id), **{**layout, "fields": ["model", "optimizer"]}
-        ),
-        "no_env_id.pt": dict(script=f"{name}.py", kind="checkpoint", args=dict(seed=1), **layout),
+        "cut_short.pt": dict(kind="checkpoint", args=dict(env_id=env_id), **{**own, "fields": ["model", "optimizer"]}),
+        "no_env_id.pt": dict(kind="checkpoint", args=dict(seed=1), **own),
     }
     expected = {
         "missing.pt": r"does not exist; pass the runs/<run>/checkpoint.pt",
