@@ -46,7 +46,7 @@ def benchmark_runs(folder: Path, env_id: str, tag: str) -> list[dict]:
         jobs = [lone_run_job(d) | {"run_dir": f"runs/{d.name}"} for d in sorted((folder / "runs").iterdir())]
     runs = []
     for job in jobs:
-        if job["env_id"] != env_id or job.get("status") != "done" or not (folder / job.get("run_dir", "-")).is_dir():
+        if job["env_id"] != env_id or job.get("status") != "done":
             continue
         points = read_scalars(str(folder / job["run_dir"])).get(tag, [])
         if points:
