@@ -551,6 +551,27 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
     return returns
 
 
+def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
+    """What the run will store, reckoned before anything is allocated (check_storage): the rollout on the training
+    device (main's observations, actions and five float32 (T, N) tensors, the update's advantages and returns; frames
+    as uint8), the whole rollout through the network in the update (its float32 input and activations, with a fifth
+    more for their gradients, as ppo.py measured on Breakout) and the env pool."""
+    T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
+    obs_size = int(np.prod(obs_space.shape))
+    action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
+    with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
+        agent = Agent(obs_space, action_space)
+    activations = forward_floats(agent, agent.get_action_and_value, torch.zeros((1,) + obs_space.shape))
+    obs_bytes = obs_size * (1 if obs_space.dtype == np.uint8 else 4)
+    return {
+        f"the rollout (--num-envs {N} x --num-steps {T} steps of {shape} observations)": (
+            T * N * (obs_bytes + action_bytes + 7 * 4), device, "lower --num-envs or --num-steps"),
+        f"the update (--num-envs {N} x --num-steps {T} steps through the network at once)": (
+            int(T * N * 4 * (obs_size + 1.2 * activations)), device, "lower --num-envs or --num-steps"),
+        f"the env pool (--num-envs {N})": (env_pool_bytes(args.env_id, N), torch.device("cpu"), "lower --num-envs"),
+    }  # fmt: skip
+
+
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
@@ -565,6 +586,14 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     args.compile = args.compile or args.cudagraphs
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
+    # the flag out of proportion: the env count where it is further above its default than the budget is below its own
+    many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
+    if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
+        fail(
+            f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
+            f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
+            f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}"
+        )
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.capture_video and not can_render(args.env_id):
@@ -579,9 +608,10 @@ def main(args: Args) -> None:
     # --- set-up: every check before the run directory is made ---
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
+    device = seed_and_device(args)
+    check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    device = seed_and_device(args)
     say_device(device)
 
     agent = Agent(obs_space, action_space).to(device)
@@ -836,6 +866,68 @@ def say_device(device: torch.device) -> None:
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
     print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+
+
+def memory_free(device: torch.device) -> int:
+    """Bytes a new allocation can take: the GPU's free memory, or the host's MemAvailable (free RAM and the caches
+    the kernel can drop); all of RAM where /proc/meminfo is missing."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def env_pool_bytes(env_id: str, num_envs: int) -> int:
+    """The host memory of the env pool itself, as measured with envpool 1.2 (resident memory after 50 random steps of
+    16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
+    to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
+    family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
+    family = (
+        "gymnasium" if ":" in env_id or env_id not in envpool.list_all_envs() else type(envpool.make_spec(env_id)).__name__
+    )
+    classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
+    mib_per_env, mib_once = (
+        (1.25, 5) if family == "AtariEnvSpec" else (0.8, 345) if family == "ProcgenEnvSpec" else (0.064, 0)
+        if family == "gymnasium" else (0.008, 1) if family.startswith(classic) else (0.8, 6)
+    )  # fmt: skip
+    return int((mib_once + mib_per_env * num_envs) * 2**20)
+
+
+def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> int:
+    """Floats that one forward pass of `example` leaves for the backward pass: the outputs of every leaf module,
+    counted with hooks, on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
+    counts = []
+    leaves = [m for m in model.modules() if not any(m.children())]
+    hooks = [m.register_forward_hook(lambda m, i, out: counts.append(out.numel())) for m in leaves]
+    with torch.random.fork_rng(), torch.no_grad():
+        forward(example)
+    for hook in hooks:
+        hook.remove()
+    return sum(counts)
+
+
+def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
+    """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
+    store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
+    memory is left to what the reckoning leaves out (networks, activations, the interpreter); one warning line where
+    the stores take more than half of it."""
+    for device in dict.fromkeys(where for _, where, _ in stores.values()):
+        here = {name: store for name, store in stores.items() if store[1] == device}
+        need, free = sum(size for size, _, _ in here.values()), memory_free(device)
+        name, (largest, _, fix) = max(here.items(), key=lambda item: item[1][0])
+        memory = "GPU memory" if device.type == "cuda" else "memory"
+        gib = [f"{n / 2**30:.3g} GiB" if n < 1000 * 2**30 else f"{n / 2**40:.3g} TiB" for n in (largest, need, free)]
+        with_rest = f" ({gib[1]} with the rest of the run's storage)" if need > 1.05 * largest else ""
+        if need > 0.9 * free:
+            share = (0.9 * free - (need - largest)) / largest
+            fits = f" (about {share:.0%} of that fits)" if share >= 0.01 else ""
+            fail(f"{name} needs {gib[0]}{with_rest} and this machine has {gib[2]} of {memory} free; {fix}{fits}")
+        if need > 0.5 * free:
+            print(f"warning: {name} takes {gib[0]}{with_rest} of the {gib[2]} of {memory} free, which leaves little room "
+                  f"for the rest of this machine's work; to use less, {fix}")  # fmt: skip
 
 
 def rng_state(device: torch.device) -> dict:

@@ -429,6 +429,23 @@ def evaluate(policy: Policy, obs_rms: RunningMeanStd | None, args: Args, device:
     return returns
 
 
+def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
+    """What the run will store, reckoned before anything is allocated (check_storage): on the training device, a
+    generation's float32 noise (one row per antithetic pair of the whole population) and this process's members'
+    parameters twice (flat, and as layers stacked for baddbmm); the env pool of this process's members."""
+    members = args.population_size // args.world_size
+    n_out = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
+    with torch.random.fork_rng():  # a throwaway policy: the run's seeded generators stay as they are
+        dim = sum(p.numel() for p in Policy(obs_space.shape[0], n_out, args.hidden_sizes).parameters())
+    return {
+        f"the population (--population-size {args.population_size} x {dim:,} parameters)": (
+            4 * dim * (args.population_size // 2 + 2 * members), device,
+            "lower --population-size or --hidden-sizes, or spread the population over more processes with torchrun"),
+        f"the env pool ({members} members)": (
+            env_pool_bytes(args.env_id, members), torch.device("cpu"), "lower --population-size"),
+    }  # fmt: skip
+
+
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces and horizon, the hidden sizes, and the population's split
     over the processes (WORLD_SIZE, set by torchrun)."""
@@ -516,12 +533,13 @@ def main(args: Args) -> None:
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    # only process 0 writes logs, checkpoints and models
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     gpus = torch.cuda.device_count()
     device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, gpus)
+    check_storage(storage(args, obs_space, action_space, device))
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    # only process 0 writes logs, checkpoints and models
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device)
         if note:
@@ -769,6 +787,68 @@ def say_device(device: torch.device) -> None:
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
     print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+
+
+def memory_free(device: torch.device) -> int:
+    """Bytes a new allocation can take: the GPU's free memory, or the host's MemAvailable (free RAM and the caches
+    the kernel can drop); all of RAM where /proc/meminfo is missing."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def env_pool_bytes(env_id: str, num_envs: int) -> int:
+    """The host memory of the env pool itself, as measured with envpool 1.2 (resident memory after 50 random steps of
+    16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
+    to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
+    family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
+    family = (
+        "gymnasium" if ":" in env_id or env_id not in envpool.list_all_envs() else type(envpool.make_spec(env_id)).__name__
+    )
+    classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
+    mib_per_env, mib_once = (
+        (1.25, 5) if family == "AtariEnvSpec" else (0.8, 345) if family == "ProcgenEnvSpec" else (0.064, 0)
+        if family == "gymnasium" else (0.008, 1) if family.startswith(classic) else (0.8, 6)
+    )  # fmt: skip
+    return int((mib_once + mib_per_env * num_envs) * 2**20)
+
+
+def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> int:
+    """Floats that one forward pass of `example` leaves for the backward pass: the outputs of every leaf module,
+    counted with hooks, on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
+    counts = []
+    leaves = [m for m in model.modules() if not any(m.children())]
+    hooks = [m.register_forward_hook(lambda m, i, out: counts.append(out.numel())) for m in leaves]
+    with torch.random.fork_rng(), torch.no_grad():
+        forward(example)
+    for hook in hooks:
+        hook.remove()
+    return sum(counts)
+
+
+def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
+    """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
+    store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
+    memory is left to what the reckoning leaves out (networks, activations, the interpreter); one warning line where
+    the stores take more than half of it."""
+    for device in dict.fromkeys(where for _, where, _ in stores.values()):
+        here = {name: store for name, store in stores.items() if store[1] == device}
+        need, free = sum(size for size, _, _ in here.values()), memory_free(device)
+        name, (largest, _, fix) = max(here.items(), key=lambda item: item[1][0])
+        memory = "GPU memory" if device.type == "cuda" else "memory"
+        gib = [f"{n / 2**30:.3g} GiB" if n < 1000 * 2**30 else f"{n / 2**40:.3g} TiB" for n in (largest, need, free)]
+        with_rest = f" ({gib[1]} with the rest of the run's storage)" if need > 1.05 * largest else ""
+        if need > 0.9 * free:
+            share = (0.9 * free - (need - largest)) / largest
+            fits = f" (about {share:.0%} of that fits)" if share >= 0.01 else ""
+            fail(f"{name} needs {gib[0]}{with_rest} and this machine has {gib[2]} of {memory} free; {fix}{fits}")
+        if need > 0.5 * free:
+            print(f"warning: {name} takes {gib[0]}{with_rest} of the {gib[2]} of {memory} free, which leaves little room "
+                  f"for the rest of this machine's work; to use less, {fix}")  # fmt: skip
 
 
 def rng_state(device: torch.device) -> dict:

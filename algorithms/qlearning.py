@@ -135,9 +135,6 @@ PRESETS["CliffWalking-v1"] = PRESETS["CliffWalking-v0"]
 # gymnasium 1.4 renamed these; its transition tables (env.unwrapped.P) have the dynamics of envpool's envs
 GYMNASIUM_IDS = {"Taxi-v3": "Taxi-v4", "CliffWalking-v0": "CliffWalking-v1"}
 
-# The largest table: 2e8 entries are 1.6 GB of float64
-MAX_TABLE_ENTRIES = 2e8
-
 
 def preset_defaults(argv: list[str]) -> Args:
     """The defaults of the preset of the env the command line names (PRESETS; none for other envs)."""
@@ -486,6 +483,32 @@ def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
     return returns
 
 
+def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device, grid: Grid) -> dict:
+    """What the run will store, reckoned before anything is allocated (check_storage): the float64 table on the
+    training device, the transition tables of the exact optimum in host memory (transition_tables: two float64
+    S x A x S arrays, where gymnasium has the env's P and the episode has a horizon), and the env pool."""
+    rows, num_actions = (int(obs_space.n) if not grid.bins else grid.num_states), int(action_space.n)  # exact integers
+    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = " if grid.bins else ""
+    size += f"{rows:,}" if rows < 10**12 else f"{float(rows):.2g}"
+    spec = gym.registry.get(GYMNASIUM_IDS.get(args.env_id, args.env_id))
+    toy_text = spec is not None and str(spec.entry_point).startswith("gymnasium.envs.toy_text")
+    horizon = env_time_limit(args.env_id) or args.max_episode_steps
+    exact = not grid.bins and toy_text and horizon
+    stores = {
+        f"the table ({size} rows x {action_space.n} actions)": (
+            rows * int(action_space.n) * 8, device, "lower --bins, or use dqn.py" if grid.bins else "use dqn.py"),
+        f"the env pool (--num-envs {args.num_envs})": (
+            env_pool_bytes(args.env_id, args.num_envs), torch.device("cpu"), "lower --num-envs"),
+    }  # fmt: skip
+    if exact:
+        stores[f"the exact optimum's transition tables ({rows:,} states)"] = (
+            8 * rows * num_actions * (2 * rows + 1),
+            torch.device("cpu"),
+            "use dqn.py for a state space this large",
+        )
+    return stores
+
+
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Grid:
     """What the ranges alone cannot tell: whether the env's spaces make a table of sensible size, and flags that only
     make sense together. Returns the grid of the table's rows."""
@@ -505,12 +528,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
     if isinstance(obs_space, gym.spaces.Discrete) and (args.obs_low is not None or args.obs_high is not None):
         fail(f"--obs-low and --obs-high bound the grid over Box observations, and {env_id}'s are Discrete; leave them out")
     grid = make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
-    # exact integers: a grid of bins ** dims rows can be far beyond any float
-    rows = int(obs_space.n) if not grid.bins else grid.num_states
-    if rows * int(action_space.n) > MAX_TABLE_ENTRIES:
-        size = f"{obs_space.n:,}" if not grid.bins else f"{args.bins}^{len(grid.low)}"
-        fix = "lower --bins, or use dqn.py" if grid.bins else "use dqn.py"
-        fail(f"a table of {size} rows x {action_space.n} actions is beyond {MAX_TABLE_ENTRIES:.0e} entries; {fix}")
     args.num_iterations = args.total_timesteps // args.num_envs
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs; raise it")
@@ -524,9 +541,10 @@ def main(args: Args) -> None:
     # --- set-up: every check before the run directory is made ---
     obs_space, action_space = env_spaces(args.env_id)
     grid = check_args(args, obs_space, action_space)
+    device = seed_and_device(args)
+    check_storage(storage(args, obs_space, action_space, device, grid))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    device = seed_and_device(args)
     say_device(device)
 
     q = torch.zeros((obs_space.n if not grid.bins else grid.num_states, action_space.n), dtype=torch.float64, device=device)
@@ -769,6 +787,68 @@ def say_device(device: torch.device) -> None:
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
     print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+
+
+def memory_free(device: torch.device) -> int:
+    """Bytes a new allocation can take: the GPU's free memory, or the host's MemAvailable (free RAM and the caches
+    the kernel can drop); all of RAM where /proc/meminfo is missing."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def env_pool_bytes(env_id: str, num_envs: int) -> int:
+    """The host memory of the env pool itself, as measured with envpool 1.2 (resident memory after 50 random steps of
+    16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
+    to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
+    family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
+    family = (
+        "gymnasium" if ":" in env_id or env_id not in envpool.list_all_envs() else type(envpool.make_spec(env_id)).__name__
+    )
+    classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
+    mib_per_env, mib_once = (
+        (1.25, 5) if family == "AtariEnvSpec" else (0.8, 345) if family == "ProcgenEnvSpec" else (0.064, 0)
+        if family == "gymnasium" else (0.008, 1) if family.startswith(classic) else (0.8, 6)
+    )  # fmt: skip
+    return int((mib_once + mib_per_env * num_envs) * 2**20)
+
+
+def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> int:
+    """Floats that one forward pass of `example` leaves for the backward pass: the outputs of every leaf module,
+    counted with hooks, on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
+    counts = []
+    leaves = [m for m in model.modules() if not any(m.children())]
+    hooks = [m.register_forward_hook(lambda m, i, out: counts.append(out.numel())) for m in leaves]
+    with torch.random.fork_rng(), torch.no_grad():
+        forward(example)
+    for hook in hooks:
+        hook.remove()
+    return sum(counts)
+
+
+def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
+    """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
+    store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
+    memory is left to what the reckoning leaves out (networks, activations, the interpreter); one warning line where
+    the stores take more than half of it."""
+    for device in dict.fromkeys(where for _, where, _ in stores.values()):
+        here = {name: store for name, store in stores.items() if store[1] == device}
+        need, free = sum(size for size, _, _ in here.values()), memory_free(device)
+        name, (largest, _, fix) = max(here.items(), key=lambda item: item[1][0])
+        memory = "GPU memory" if device.type == "cuda" else "memory"
+        gib = [f"{n / 2**30:.3g} GiB" if n < 1000 * 2**30 else f"{n / 2**40:.3g} TiB" for n in (largest, need, free)]
+        with_rest = f" ({gib[1]} with the rest of the run's storage)" if need > 1.05 * largest else ""
+        if need > 0.9 * free:
+            share = (0.9 * free - (need - largest)) / largest
+            fits = f" (about {share:.0%} of that fits)" if share >= 0.01 else ""
+            fail(f"{name} needs {gib[0]}{with_rest} and this machine has {gib[2]} of {memory} free; {fix}{fits}")
+        if need > 0.5 * free:
+            print(f"warning: {name} takes {gib[0]}{with_rest} of the {gib[2]} of {memory} free, which leaves little room "
+                  f"for the rest of this machine's work; to use less, {fix}")  # fmt: skip
 
 
 def rng_state(device: torch.device) -> dict:

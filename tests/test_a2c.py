@@ -292,7 +292,10 @@ def test_same_seed_same_run_on_cpu(tmp_path):
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
         (["--num-envs", "0"], r"--num-envs 0 is out of range; pass a value in \[1, inf\)"),
         (["--total-timesteps", "10"], r"less than one rollout \(40 steps\)"),
-        (["--num-envs", "4", "--num-steps", "50", "--total-timesteps", "199"], r"less than one rollout \(200 steps\)"),
+        (
+            ["--num-envs", "4", "--num-steps", "50", "--total-timesteps", "199"],
+            r"less than one rollout \(200 steps\)",
+        ),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
         (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),

@@ -390,7 +390,6 @@ def test_same_seed_same_run_on_cpu(tmp_path):
         (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than the 8 rollouts of a phase"),
         (["--num-minibatches", "3"], r"does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
-        (["--n-pi", "100000000"], r"a phase keeps .* GB of frames and this CPU has .* GB free; pass --preset small"),
         (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
         (["--resume", "FOREIGN"], r"is for BigfishEasy-v0, not StarpilotEasy-v0; pass --env-id BigfishEasy-v0"),
     ],

@@ -22,6 +22,7 @@ DIFFERENT = {
     "Agent": "a shared-trunk or two-MLP actor-critic (ppo.py, a2c.py) against PPG's policy and value IMPALA networks",
     "env_spaces": "ppg_procgen.py takes only envpool's Procgen ids, whose spaces its spec has",
     "check_args": "each algorithm's spaces and flag combinations",
+    "storage": "each algorithm's buffers, reckoned for the shared check_storage",
     "evaluate": "each algorithm's policy",
     "make_env": "each algorithm's env options (Atari wrappers, backend, episode cap)",
     "can_render": "imports its own module and calls its own make_env",

@@ -1,0 +1,228 @@
+"""Storage reckoned before a run starts (each script's storage() and the shared check_storage, env_pool_bytes and
+forward_floats): the figure against what the buffers of a real run take, a store too large for any machine refused
+in one line before anything is allocated or written, a warning where a store leaves little room, and an env count
+out of proportion to the run named as the flag at fault."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CPU, ROOT, assert_one_error_line, load_algorithm, run_bad_input, run_in_process
+
+# The stores that are buffers a run keeps (the rest are the env pool and one minibatch's pass, which no tensor of
+# main's holds at the end of a run): the reckoning of these is compared with the tensors and arrays main holds
+BUFFERS = ("the rollout", "the phase", "the replay buffer", "the population", "the table", "the exact optimum")
+
+# Small runs whose buffers outweigh the few other arrays main keeps (episode counters, the last observation): one
+# per path that stores differently (vector or uint8 observations, Box or Discrete actions, frames once or whole)
+RUNS = {
+    "ppo CartPole": ("ppo", "--env-id CartPole-v1 --num-envs 4 --num-steps 256 --total-timesteps 1024"),
+    "ppo Pendulum": ("ppo", "--env-id Pendulum-v1 --num-envs 2 --num-steps 512 --num-minibatches 4 --total-timesteps 1024"),
+    "ppo Breakout": ("ppo", "--env-id Breakout-v5 --num-envs 2 --num-steps 64 --total-timesteps 128"),
+    "a2c CartPole": ("a2c", "--env-id CartPole-v1 --num-envs 16 --num-steps 64 --total-timesteps 1024"),
+    "a2c Breakout": ("a2c", "--env-id Breakout-v5 --num-envs 2 --num-steps 32 --total-timesteps 64"),
+    "rnd_ppo": (
+        "rnd_ppo",
+        "--num-envs 2 --num-steps 32 --num-minibatches 2 --num-iterations-obs-norm-init 1 --total-timesteps 64",
+    ),
+    "ppg_procgen": ("ppg_procgen", "--num-envs 2 --num-steps 32 --num-minibatches 2 --n-pi 2 --e-aux 1 --total-timesteps 128"),
+    "dqn CartPole": ("dqn", "--env-id CartPole-v1 --buffer-size 20000 --learning-starts 128 --total-timesteps 300"),
+    "dqn Breakout": ("dqn", "--env-id Breakout-v5 --buffer-size 2000 --learning-starts 128 --total-timesteps 300"),
+    "ddpg_td3": ("ddpg_td3", "--env-id Pendulum-v1 --buffer-size 20000 --learning-starts 256 --total-timesteps 300"),
+    "es": ("es", "--env-id CartPole-v1 --population-size 64 --num-generations 1 --max-episode-steps 20"),
+    "qlearning": ("qlearning", "--env-id Taxi-v3 --total-timesteps 100"),
+}
+
+
+def held_bytes(value, seen: set) -> int:
+    """Bytes of the tensors and arrays a value holds (in dicts, lists, tuples and plain objects, such as a replay
+    buffer), each storage counted once; networks, optimisers and envs are not storage."""
+    if isinstance(value, torch.nn.Parameter) or type(value).__module__.startswith(("gymnasium", "envpool")):
+        return 0  # a network's weights, an env or its spaces: not storage
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        key = ("torch", storage.data_ptr())
+        return 0 if key in seen or seen.add(key) else storage.nbytes()
+    if isinstance(value, np.ndarray):
+        base = value if value.base is None else value.base
+        key = ("numpy", id(base))
+        return 0 if key in seen or seen.add(key) or not isinstance(base, np.ndarray) else base.nbytes
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if isinstance(value, dict):
+        return sum(held_bytes(v, seen) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(held_bytes(v, seen) for v in value)
+    if hasattr(value, "__dict__") and type(value).__module__ not in ("builtins",) and not callable(value):
+        return sum(held_bytes(v, seen) for v in vars(value).values())
+    return 0
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_the_reckoning_is_within_a_tenth_of_what_the_buffers_take(run, tmp_path):
+    """main's locals when it returns: every tensor and array it holds, against storage()'s buffers for the same flags."""
+    name, flags = RUNS[run]
+    flags = [*flags.split(), CPU, "--seed", "1"]
+    held, reckoned = {}, {}
+
+    def call(module):
+        def profile(frame, event, _arg):
+            if event == "return" and frame.f_code is module.main.__code__:
+                held.update(frame.f_locals)
+
+        args = module.parse_args(flags)
+        obs_space, action_space = module.env_spaces(args.env_id)
+        check = module.check_args(args, obs_space, action_space)
+        extra = (check,) if name == "qlearning" else ()  # its grid
+        reckoned.update(module.storage(args, obs_space, action_space, torch.device("cpu"), *extra))
+        sys.setprofile(profile)
+        try:
+            module.main(module.parse_args(flags))
+        finally:
+            sys.setprofile(None)
+
+    proc = run_in_process(name, call, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    buffers = sum(size for store, (size, _, _) in reckoned.items() if store.startswith(BUFFERS))
+    seen = set()
+    by_name = {key: held_bytes(value, seen) for key, value in held.items()}  # to say what differs, where it does
+    taken = sum(by_name.values())
+    assert buffers > 0 and abs(buffers - taken) <= 0.1 * taken, f"{buffers} {taken} " + str(
+        sorted((v, k) for k, v in by_name.items() if v)
+    )
+
+
+# resident memory of the env pool after 50 random steps, against env_pool_bytes (its figures were measured so)
+POOL_CODE = """
+import sys
+import numpy as np
+import envpool
+sys.path.insert(0, {algorithms!r})
+import ppo
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+envs = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=1)  # the library's own start-up, not the pool's
+envs.close()
+before = resident()
+envs = envpool.make({env_id!r}, env_type="gymnasium", num_envs={n}, seed=1)
+envs.reset()
+rng = np.random.default_rng(1)
+for _ in range(50):
+    envs.step(np.array([envs.action_space.sample() for _ in range({n})]))
+print(resident() - before, ppo.env_pool_bytes({env_id!r}, {n}))
+"""
+
+
+@pytest.mark.parametrize("env_id", ["Breakout-v5", "Hopper-v4", "StarpilotEasy-v0"])
+def test_the_env_pool_reckoning_is_within_a_tenth_of_its_resident_memory(env_id):
+    code = textwrap.dedent(POOL_CODE).format(algorithms=str(ROOT / "algorithms"), env_id=env_id, n=64)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    taken, reckoned = map(int, proc.stdout.split()[-2:])
+    assert abs(reckoned - taken) <= 0.1 * taken, (reckoned, taken)
+
+
+# Flags whose storage no machine has: each refused in one line naming the store, the flags that size it, the
+# memory it needs and the fix, before a run directory exists (run_bad_input checks) and before anything is allocated
+# (an allocation of this size would end in the allocator's traceback, not in one line)
+TOO_LARGE = {
+    "ppo": (
+        "--env-id Breakout-v5 --num-envs 100000 --total-timesteps 10000000000",
+        r"a minibatch \(100000 envs x 128 steps / --num-minibatches 4\) needs 0.977 TiB \(1.43 TiB with the rest of the "
+        r"run's storage\) and this machine has .* GiB of memory free; raise --num-minibatches, or lower --num-envs",
+    ),
+    "a2c": ("--env-id Breakout-v5 --num-envs 100000 --total-timesteps 10000000000", r"needs .* GiB .* lower --num-envs"),
+    "rnd_ppo": ("--num-envs 100000 --total-timesteps 100000000000", r"the rollout \(--num-envs 100000 x --num-steps 128"),
+    "ppg_procgen": ("--n-pi 100000", r"the phase \(100000 rollouts of .* pass --preset small \(N_pi 8\), or a smaller"),
+    "dqn": (
+        "--env-id Breakout-v5 --buffer-size 100000000000",
+        r"the replay buffer \(--buffer-size 100000000000 of 4x84x84 observations\) needs .* lower --buffer-size",
+    ),
+    "ddpg_td3": (
+        "--buffer-size 100000000000",
+        r"the replay buffer \(--buffer-size 100000000000 of 11-dim .* lower --buffer-size",
+    ),
+    "es": ("--population-size 1000000000", r"the population \(--population-size 1000000000 x .* lower --population-size"),
+    "qlearning": (
+        "--env-id Acrobot-v1 --bins 1000000",
+        r"the table \(--bins 1000000 \^ 6 dimensions = 1e\+36 rows x 3 actions\) needs .* GiB .*; lower --bins, or use dqn",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOO_LARGE))
+def test_storage_too_large_for_the_machine_is_refused_in_one_line(name, tmp_path):
+    flags, message = TOO_LARGE[name]
+    proc = run_bad_input(name, flags.split(), tmp_path, "CartPole-v1")
+    assert_one_error_line(name, proc, message)
+
+
+@pytest.mark.parametrize("share, refused, warned", [(0.3, False, False), (0.7, False, True), (1.5, True, False)])
+def test_check_storage_warns_with_little_room_and_refuses_beyond_it(share, refused, warned, capsys, monkeypatch):
+    ppo = load_algorithm("ppo")
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(ppo, "memory_free", lambda device: 10 * 2**30)
+    stores = {"the rollout (--num-steps 7)": (int(share * 10 * 2**30), cpu, "lower --num-steps")}
+    if refused:
+        with pytest.raises(SystemExit) as e:
+            ppo.check_storage(stores)
+        assert e.value.code == 2
+    else:
+        ppo.check_storage(stores)
+    captured = capsys.readouterr()
+    err, lines = captured.err, (captured.err + captured.out).strip().splitlines()
+    assert len(lines) == (1 if refused or warned else 0), lines
+    if refused:
+        assert "the rollout (--num-steps 7) needs 15 GiB and this machine has 10 GiB of memory free; lower --num-steps" in err
+    if warned:
+        assert lines[0].startswith("warning: the rollout (--num-steps 7) takes 7 GiB of the 10 GiB")
+
+
+def test_stores_on_the_gpu_and_in_host_memory_are_checked_apart(monkeypatch):
+    """A rollout on the GPU does not take host memory: each device is held to its own free memory."""
+    ppo = load_algorithm("ppo")
+    free = {"cpu": 10 * 2**30, "cuda": 4 * 2**30}
+    monkeypatch.setattr(ppo, "memory_free", lambda device: free[device.type])
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    ppo.check_storage({"the rollout": (3 * 2**30, cpu, "a"), "the env pool": (3 * 2**30, cpu, "b")})  # 6 of 10 on the host
+    with pytest.raises(SystemExit):  # 3.7 GiB on a GPU with 4 GiB free: over nine tenths
+        ppo.check_storage({"the rollout": (3.7 * 2**30, gpu, "a"), "the env pool": (3 * 2**30, cpu, "b")})
+
+
+def test_the_throwaway_networks_of_the_reckoning_leave_the_seeded_generator_as_it_was():
+    """storage() builds a network to count its activations: the run's seeded draws must not change because of it."""
+    ppo = load_algorithm("ppo")
+    args = ppo.parse_args(["--env-id", "Breakout-v5"])
+    obs_space, action_space = ppo.env_spaces(args.env_id)
+    ppo.check_args(args, obs_space, action_space)
+    torch.manual_seed(3)
+    ppo.storage(args, obs_space, action_space, torch.device("cpu"))
+    after = torch.rand(4)
+    torch.manual_seed(3)
+    assert torch.equal(after, torch.rand(4))
+
+
+# An env count so large that one rollout outruns the whole run: the refusal names --num-envs, not the budget (a
+# budget further below its default than the env count is above its own is named instead: the scripts' own tables)
+OUT_OF_PROPORTION = {
+    "ppo": "--env-id CartPole-v1 --num-envs 5000",
+    "a2c": "--env-id CartPole-v1 --num-envs 5000 --total-timesteps 20000",
+    "rnd_ppo": "--num-envs 4000000",
+    "ppg_procgen": "--num-envs 100000",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_PROPORTION))
+def test_an_env_count_out_of_proportion_names_num_envs(name, tmp_path):
+    flags = OUT_OF_PROPORTION[name].split()
+    proc = run_bad_input(name, flags, tmp_path, "CartPole-v1")
+    num_envs = flags[flags.index("--num-envs") + 1]
+    assert_one_error_line(
+        name, proc, rf"--num-envs {num_envs} is out of proportion to --total-timesteps .*; pass --num-envs at most \d+"
+    )
