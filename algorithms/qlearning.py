@@ -299,7 +299,8 @@ def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
 def discretise(obs: torch.Tensor, grid: Grid) -> torch.Tensor:
     """Row of the table for each observation: Discrete ids as they are; Box vectors by their grid cell.
 
-    A value on an inner bin edge belongs to the cell above it; values at or beyond the bounds fall in the edge cells.
+    A value on an inner bin edge belongs to the cell above it (where the edge is exact in binary floating point; an
+    edge such as 1/49 of the range may round to the cell below); values at or beyond the bounds fall in the edge cells.
     """
     if not grid.bins:
         return obs.long()

@@ -1,12 +1,15 @@
 """Helpers shared by every test: load an algorithm's functions, run it end to end, read what it logged."""
 
 import contextlib
+import dataclasses
 import io
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -44,12 +47,75 @@ def one_thread(env: dict | None) -> dict:
 
 
 def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEOUT, check: bool = True, env=None):
-    """Run algorithms/<name>.py in cwd (its runs/ lands there) and return the CompletedProcess."""
+    """Run algorithms/<name>.py in cwd (its runs/ lands there) and return the CompletedProcess. A run that ends well
+    passes check_run (finite logs, a saved model that trained), whatever else its test asserts."""
     cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
+    started = time.time()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=one_thread(env))
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if proc.returncode == 0 and (cwd / "runs").is_dir():
+        for run_dir in run_dirs(cwd):
+            if run_dir.stat().st_mtime >= started - 1:
+                check_run(name, run_dir, env)
     return proc
+
+
+# The network each script builds first after seed_and_device, as its main builds it: a fresh one of a run's seed
+FIRST_NETWORK = {
+    "ppo": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space),
+    "a2c": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space),
+    "rnd_ppo": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space),
+    "ppg_procgen": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space, args.arch),
+    "dqn": lambda m, args, obs_space, action_space: m.QNetwork(obs_space, action_space),
+    "ddpg_td3": lambda m, args, obs_space, action_space: m.Actor(obs_space.shape[0], action_space, args.hidden_size),
+    "es": lambda m, args, obs_space, action_space: m.Policy(
+        obs_space.shape[0], action_space.shape[0] if action_space.shape else int(action_space.n), tuple(args.hidden_sizes)
+    ),
+}
+
+
+def check_run(name: str, run_dir: Path, env=None) -> None:
+    """What every finished smoke run must show: each logged scalar finite, and a saved model whose weights are finite
+    and no longer those of a freshly initialised model of the same seed (a NaN loss or a skipped optimiser step)."""
+    for tag, points in scalars(run_dir).items():
+        bad = [(step, value) for step, value, _ in points if not math.isfinite(value)]
+        assert not bad, f"{run_dir.name}: {tag} logged non-finite values (step, value) {bad[:3]}"
+    model_path = run_dir / f"{name}.model"
+    if not model_path.is_file():
+        return
+    state = torch.load(model_path, map_location="cpu", weights_only=False)
+    saved = {"q": state["q"]} if name == "qlearning" else state["model"]
+    assert all(torch.isfinite(v).all() for v in saved.values() if v.is_floating_point()), f"{model_path}: not finite"
+    if name == "qlearning":
+        assert saved["q"].abs().sum() > 0, f"{model_path}: the table never moved from zeros"
+        return
+    module = load_algorithm(name)
+    fields = {f.name for f in dataclasses.fields(module.Args)}
+    args = module.Args(**{k: v for k, v in state["args"].items() if k in fields})
+    paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = paths
+    try:
+        obs_space, action_space = module.env_spaces(args.env_id)
+    finally:
+        del sys.path[: len(paths)]
+    fresh, other = (initial_weights(name, args, seed, obs_space, action_space) for seed in (args.seed, args.seed + 1))
+    assert fresh.keys() == saved.keys(), f"{model_path}: the fresh network has other weights than the saved one"
+    assert any(not torch.equal(fresh[k], saved[k]) for k in saved), f"{model_path}: the weights never moved"
+    # and the fresh network is this run's initialisation, not some network that differs trivially: the saved weights
+    # are nearer to it than to another seed's
+    assert distance(saved, fresh) < distance(saved, other), f"{model_path}: the fresh network is not this run's start"
+
+
+def initial_weights(name: str, args, seed: int, obs_space, action_space) -> dict:
+    module = load_algorithm(name)
+    with torch.random.fork_rng():
+        module.seed_and_device(dataclasses.replace(args, seed=seed))
+        return FIRST_NETWORK[name](module, args, obs_space, action_space).state_dict()
+
+
+def distance(a: dict, b: dict) -> float:
+    return sum((a[k].double() - b[k].double()).pow(2).sum().item() for k in a if a[k].is_floating_point()) ** 0.5
 
 
 def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTERM, unit: str = "step", env=None) -> str:

@@ -150,21 +150,6 @@ def test_ppo_with_one_epoch_one_minibatch_has_the_a2c_gradient(space, ent_coef, 
         torch.testing.assert_close(g_a2c, g_ppo, rtol=1e-5, atol=1e-7)
 
 
-def test_a2c_loss_ignores_masked_entries_and_matches_a_plain_computation():
-    logprob = torch.tensor([-0.5, -1.0, -0.2, -9.0], requires_grad=True)
-    value = torch.tensor([0.5, 1.0, -1.0, 50.0], requires_grad=True)
-    entropy, adv, ret = torch.tensor([1.0, 0.8, 0.6, 0.0]), torch.tensor([1.0, -2.0, 0.5, 100.0]), torch.zeros(4)
-    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
-    loss, stats = a2c.a2c_loss(logprob, entropy, value, adv, ret, mask, ent_coef=0.01, vf_coef=0.5, norm_adv=False)
-    pg = -(1.0 * -0.5 + -2.0 * -1.0 + 0.5 * -0.2) / 3  # -mean(A * logprob)
-    v = (0.25 + 1.0 + 1.0) / 3
-    assert stats.tolist() == pytest.approx([pg, v, 0.8])
-    assert loss.item() == pytest.approx(pg - 0.01 * 0.8 + 0.5 * v)
-    loss.backward()
-    assert logprob.grad[3] == 0 and value.grad[3] == 0
-    assert logprob.grad[:3].tolist() == pytest.approx([-1 / 3, 2 / 3, -0.5 / 3])
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Optimiser, presets
 # ---------------------------------------------------------------------------------------------------------------
@@ -237,6 +222,9 @@ def test_rmsprop_tf_like_takes_the_rate_as_a_float_or_a_tensor():
 
 
 def test_presets_set_real_flags_and_a_given_flag_wins():
+    """The figures are rl-baselines3-zoo's hyperparams/a2c.yml over SB3's A2C defaults: CartPole-v1 8 envs and no
+    entropy bonus (5 steps and lambda 1 from SB3); Atari 16 envs, ent_coef 0.01, vf_coef 0.25 and RMSpropTFLike;
+    MuJoCo `normalize: true`."""
     for preset in a2c.PRESETS.values():
         assert set(preset) <= set(a2c.Args.__annotations__)
     cartpole = a2c.parse_args(["--env-id", "CartPole-v1"])

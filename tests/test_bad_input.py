@@ -69,6 +69,29 @@ CASES = [
 ]
 
 
+def bounds(interval: str, kind: type) -> list[str]:
+    """The finite closed bounds of an interval like '[1, inf)' or '[0, 1]': values a flag must accept."""
+    low, high = (float(b) for b in interval[1:-1].split(","))
+    values = [low] * (interval[0] == "[" and math.isfinite(low)) + [high] * (interval[-1] == "]" and math.isfinite(high))
+    return [str(int(v) if kind is int else v) for v in values]
+
+
+ON_BOUND = [
+    (name, flag, value)
+    for name in ALGORITHMS
+    for flag, kind in numeric_flags(MODULES[name]).items()
+    for value in bounds(getattr(MODULES[name], "RANGES", {}).get(flag, "(-inf, inf)"), kind)
+]
+
+
+@pytest.mark.parametrize("name, flag, value", ON_BOUND, ids=[f"{n}-{f}={v}" for n, f, v in ON_BOUND])
+def test_a_value_on_a_closed_bound_is_accepted(name, flag, value, tmp_path):
+    """The range check is not off by one: a closed interval's own bound passes it."""
+    option = f"--{flag.replace('_', '-')}"
+    proc = run_in_process(name, lambda module: module.check_ranges(module.parse_args([option, value])), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.parametrize("name, flag, value", CASES, ids=[f"{n}-{f}={v}" for n, f, v in CASES])
 def test_a_value_out_of_range_gets_one_line(name, flag, value, tmp_path):
     option = f"--{flag.replace('_', '-')}"

@@ -31,33 +31,6 @@ td3 = load_algorithm("ddpg_td3")
 # ---------------------------------------------------------------------------------------------------------------
 # The maths
 # ---------------------------------------------------------------------------------------------------------------
-def test_td_target_takes_the_minimum_of_two_critics_and_bootstraps_only_without_termination():
-    # transition 0 ordinary, 1 terminated (no bootstrap), 2 truncated: terminated is 0, it bootstraps from the
-    # real final observation, whose target Q-values are column 2
-    rewards, terms = torch.tensor([1.0, 2.0, 0.5]), torch.tensor([0.0, 1.0, 0.0])
-    next_q = torch.tensor([[3.0, 10.0, 4.0], [5.0, 20.0, -1.0]])  # (critics, batch)
-    target = td3.td_target(rewards, terms, next_q, 0.5)
-    assert target.tolist() == pytest.approx([1.0 + 0.5 * 3.0, 2.0, 0.5 + 0.5 * -1.0])
-    # one critic (DDPG): its own value
-    assert td3.td_target(rewards, terms, next_q[1:], 0.5).tolist() == pytest.approx([3.5, 2.0, 0.0])
-
-
-def test_target_smoothing_clips_the_noise_to_noise_clip_and_the_action_to_the_bounds():
-    scale, low, high = torch.tensor([2.0, 0.5]), torch.tensor([-2.0, 0.0]), torch.tensor([2.0, 1.0])
-    next_actions = torch.tensor([[0.0, 0.5], [1.9, 0.9], [-1.0, 0.1]])
-    noise = torch.tensor([[0.3, -0.1], [0.4, 0.2], [-9.0, -0.6]])
-    got = td3.smoothed_target_actions(next_actions, noise, 0.25, scale, low, high)
-    # noise clipped to +-0.25, times the half-range; then the action clipped to [low, high]
-    expected = [[0.0 + 0.25 * 2, 0.5 - 0.1 * 0.5], [2.0, 1.0], [-1.0 - 0.25 * 2, 0.0]]
-    torch.testing.assert_close(got, torch.tensor(expected))
-
-
-def test_soft_update_is_polyak_averaging():
-    online, target = td3.Critics(3, 1, 4, 2), td3.Critics(3, 1, 4, 2)
-    before = [p.detach().clone() for p in target.parameters()]
-    td3.soft_update(target, online, 0.1)
-    for t, o, b in zip(target.parameters(), online.parameters(), before, strict=True):
-        torch.testing.assert_close(t, 0.1 * o + 0.9 * b)
 
 
 def test_twin_critics_in_one_batched_pass_equal_two_separate_mlps():

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import torch
 
-from conftest import CPU, ROOT, load_algorithm, only_run, run_algorithm, scalars
+from conftest import CPU, load_algorithm, only_run, run_algorithm, scalars
 
 es = load_algorithm("es")
 
@@ -59,13 +59,6 @@ def test_each_torchrun_process_gets_a_device_that_exists(device, local_rank, loc
     got, got_backend, note = es.process_device(torch.device(device), local_rank, local_world_size, gpus)
     assert (str(got), got_backend) == (expected, backend)
     assert (note is not None) == (device == "cuda" and local_world_size > gpus)
-
-
-@pytest.mark.parametrize("algo", sorted(p.stem for p in (ROOT / "algorithms").glob("*.py")))
-def test_every_script_says_its_device_first(algo):
-    """Each main calls say_device as soon as the device is chosen (es.py: process 0, after the per-process choice)."""
-    main_text = (ROOT / "algorithms" / f"{algo}.py").read_text().split("\ndef main(")[1].split("\n# ====")[0]
-    assert "say_device(device)" in main_text
 
 
 def test_the_first_line_of_a_run_names_the_device(tmp_path):

@@ -28,48 +28,6 @@ dqn = load_algorithm("dqn")
 # ---------------------------------------------------------------------------------------------------------------
 # The maths
 # ---------------------------------------------------------------------------------------------------------------
-def test_td_target_by_hand_ordinary_terminal_and_truncated():
-    # transition 0 ordinary, 1 terminated (no bootstrap), 2 truncated: terminated is 0, it bootstraps from the
-    # real final observation, whose target Q-values are row 2
-    rewards, terms = torch.tensor([1.0, 2.0, 0.5]), torch.tensor([0.0, 1.0, 0.0])
-    next_q_target = torch.tensor([[1.0, 3.0], [10.0, 20.0], [4.0, -1.0]])
-    target = dqn.td_target(rewards, terms, next_q_target, 0.5)
-    assert target.tolist() == pytest.approx([1.0 + 0.5 * 3.0, 2.0, 0.5 + 0.5 * 4.0])
-
-
-def test_double_dqn_picks_the_argmax_with_the_online_network_and_values_it_with_the_target():
-    rewards, terms = torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0.0, 0.0, 1.0])
-    next_q_target = torch.tensor([[1.0, 5.0, 2.0], [7.0, 0.0, -3.0], [9.0, 9.0, 9.0]])
-    next_q_online = torch.tensor([[3.0, 0.0, 1.0], [0.0, 0.0, 4.0], [0.0, 1.0, 0.0]])
-    target = dqn.td_target(rewards, terms, next_q_target, 0.9, next_q_online)
-    # online argmax: 0, 2, 1; target values there: 1, -3, (terminal)
-    assert target.tolist() == pytest.approx([0.9 * 1.0, 1.0 - 0.9 * 3.0, 1.0])
-    assert dqn.td_target(rewards, terms, next_q_target, 0.9).tolist() == pytest.approx([4.5, 1.0 + 6.3, 1.0])
-
-
-@pytest.mark.parametrize("loss", ["mse", "huber"])
-def test_q_loss_on_the_taken_actions(loss):
-    q = torch.tensor([[1.0, 2.0], [0.0, -1.0]], requires_grad=True)
-    value, q_mean = dqn.q_loss(q, torch.tensor([1, 0]), torch.tensor([4.0, 0.5]), loss)
-    errors = np.array([2.0 - 4.0, 0.0 - 0.5])
-    per_item = errors**2 if loss == "mse" else np.where(np.abs(errors) < 1, 0.5 * errors**2, np.abs(errors) - 0.5)
-    assert value.item() == pytest.approx(per_item.mean())
-    assert q_mean.item() == pytest.approx(1.0)
-    value.backward()
-    assert q.grad[0, 0] == 0 and q.grad[1, 1] == 0  # actions not taken get no gradient
-
-
-def test_linear_schedule_and_target_updates():
-    assert dqn.linear_schedule(1.0, 0.05, 100, 0) == 1.0
-    assert dqn.linear_schedule(1.0, 0.05, 100, 50) == pytest.approx(0.525)
-    assert dqn.linear_schedule(1.0, 0.05, 100, 100) == pytest.approx(0.05)
-    assert dqn.linear_schedule(1.0, 0.05, 100, 10_000) == pytest.approx(0.05)
-    online, target = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
-    before = target.weight.detach().clone()
-    dqn.soft_update(target, online, 0.25)
-    torch.testing.assert_close(target.weight, 0.25 * online.weight + 0.75 * before)
-    dqn.soft_update(target, online, 1.0)
-    assert torch.equal(target.weight, online.weight) and torch.equal(target.bias, online.bias)  # an exact copy
 
 
 @pytest.mark.parametrize("obs_shape", [(4,), (4, 84, 84)])
@@ -197,9 +155,11 @@ def test_auto_backend_is_gymnasium_for_one_classic_control_env_and_envpool_other
 
 
 def test_atari_buffer_of_a_million_transitions_stays_under_7_1_gb():
-    # np.zeros maps the memory lazily: nothing is touched here (benchmark/dqn.sh measures the filled buffer)
+    # np.zeros maps the memory lazily: nothing is touched here (benchmark/dqn.sh measures the filled buffer). The
+    # arrays the buffer holds are counted, not its own nbytes(): every frame once, and the five small fields per slot
     rb = dqn.ReplayBuffer(1_000_000, 1, (4, 84, 84), np.uint8, 4, 0)
-    assert 84 * 84 * 1_000_000 < rb.nbytes() < 7.1e9
+    arrays = [a for a in vars(rb).values() if isinstance(a, np.ndarray)]
+    assert sum(a.nbytes for a in arrays) == rb.nbytes() == 1_000_000 * (84 * 84 + 8 + 4 + 4 + 1 + 1) < 7.1e9
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(double_q=True, loss="huber", max_grad_norm=0.5)])
@@ -285,6 +245,8 @@ def test_smoke_compiled_on_the_cpu(tmp_path):
 
 
 def test_presets_set_real_flags_and_a_given_flag_wins():
+    """The figures are CleanRL's: dqn_atari.py's buffer of 1M, learning from step 80k, every 4 steps, batches of 32
+    at lr 1e-4; dqn.py's buffer of 10k on classic control."""
     for preset in dqn.PRESETS.values():
         assert set(preset) <= set(dqn.Args.__annotations__)
     atari = dqn.parse_args(["--env-id", "Breakout-v5"])

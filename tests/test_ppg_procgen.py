@@ -80,29 +80,6 @@ def log_softmax(row):
     return [x - z for x in row]
 
 
-def test_aux_loss_matches_a_hand_computation():
-    rng = np.random.default_rng(0)
-    n, a = 6, 4
-    logits, old_logits = rng.normal(size=(n, a)), rng.normal(size=(n, a))
-    aux_value, value, returns = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
-    mask = np.array([1, 1, 0, 1, 1, 1.0])  # entry 2 is a reset step
-    count = 7.0  # the whole minibatch's valid entries: this chunk is part of a larger one
-    aux_sum = kl_sum = v_sum = 0.0
-    for i in range(n):
-        if not mask[i]:
-            continue
-        old, new = log_softmax(old_logits[i]), log_softmax(logits[i])
-        kl_sum += sum(math.exp(o) * (o - w) for o, w in zip(old, new, strict=True))
-        aux_sum += 0.5 * (aux_value[i] - returns[i]) ** 2
-        v_sum += 0.5 * (value[i] - returns[i]) ** 2
-    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    loss, sums = ppg.aux_loss(
-        t(logits), t(old_logits), t(aux_value), t(value), t(returns), t(mask), count, beta_clone=0.7, vf_true_weight=0.3
-    )
-    np.testing.assert_allclose(sums.numpy(), [aux_sum / count, kl_sum / count, v_sum / count], rtol=1e-12)
-    assert loss.item() == pytest.approx((aux_sum + 0.7 * kl_sum + 0.3 * v_sum) / count, rel=1e-12)
-
-
 def test_kl_term_is_zero_and_flat_when_the_policy_has_not_moved():
     logits = torch.randn(8, 15, dtype=torch.float64, requires_grad=True)
     kl = ppg.categorical_kl(logits.detach(), logits)
@@ -111,39 +88,6 @@ def test_kl_term_is_zero_and_flat_when_the_policy_has_not_moved():
     assert torch.all(logits.grad.abs() < 1e-12)  # the clone term does not pull an unmoved policy anywhere
     moved = ppg.categorical_kl(logits.detach(), logits.detach() + torch.randn(8, 15, dtype=torch.float64))
     assert torch.all(moved > 0)
-
-
-def test_policy_loss_matches_a_hand_computation():
-    rng = np.random.default_rng(1)
-    n, a, clip = 5, 3, 0.2
-    logits = rng.normal(size=(n, a))
-    actions = rng.integers(0, a, n)
-    oldlogprob = np.array([log_softmax(logits[i])[actions[i]] for i in range(n)]) + rng.normal(0, 0.3, n)
-    adv, newvalue, returns = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
-    mask, count = np.array([1, 0, 1, 1, 1.0]), 4.0
-    pg = v = ent = 0.0
-    for i in range(n):
-        if mask[i]:
-            lp = log_softmax(logits[i])
-            ratio = math.exp(lp[actions[i]] - oldlogprob[i])
-            pg += max(-adv[i] * ratio, -adv[i] * min(max(ratio, 1 - clip), 1 + clip))
-            v += 0.5 * (newvalue[i] - returns[i]) ** 2
-            ent -= sum(math.exp(x) * x for x in lp)
-    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    loss, sums = ppg.policy_loss(
-        t(logits), torch.tensor(actions), t(oldlogprob), t(adv), t(newvalue), t(returns), t(mask), count, clip, 0.01, 0.5
-    )
-    np.testing.assert_allclose(sums[:3].numpy(), [pg / count, v / count, ent / count], rtol=1e-12)
-    assert loss.item() == pytest.approx((pg - 0.01 * ent + 0.5 * v) / count, rel=1e-12)
-
-
-def test_advantages_are_normalised_over_the_whole_batch_without_reset_steps():
-    adv = torch.tensor([[1.0, 5.0], [3.0, 100.0], [2.0, 7.0]])
-    valid = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
-    out = ppg.normalize_advantages(adv, valid)
-    kept = out[valid.bool()]
-    assert kept.mean().abs() < 1e-6 and (kept.var(unbiased=False) - 1).abs() < 1e-4
-    assert out[1, 1] == 0  # the reset step carries no advantage
 
 
 def test_normed_init_and_the_impala_cnn_shape():

@@ -63,58 +63,6 @@ def train_with_defaults(env_id: str, tmp_path, seed: int = 1):
 # ---------------------------------------------------------------------------------------------------------------
 # The update
 # ---------------------------------------------------------------------------------------------------------------
-def test_q_update_by_hand_with_terminal_truncated_reset_step_and_duplicates():
-    q = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=torch.float64)
-    f = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    # 0: (s0, a0) r 1 -> s1, target 1 + 0.5 * max Q(s1) = 3
-    # 1: (s1, a1) r 2 -> s2 terminated: target 2, no bootstrap
-    # 2: (s1, a0) r 1 -> s2 truncated: bootstraps, target 1 + 0.5 * 6 = 4
-    # 3: reset step after a done (valid 0): no change to (s2, a1)
-    # 4: (s0, a0) again, r 3 -> s1: target 5; with item 0, mean target 4 and step 1 - (1 - 0.5)^2 = 0.75
-    td_error = qlearning.q_update(
-        q,
-        torch.tensor([0, 1, 1, 2, 0]),
-        torch.tensor([0, 1, 0, 1, 0]),
-        f([1.0, 2.0, 1.0, 0.0, 3.0]),
-        torch.tensor([1, 2, 2, 0, 1]),
-        f([0, 1, 0, 0, 0]),
-        f([1, 1, 1, 0, 1]),
-        gamma=0.5,
-        lr=0.5,
-    )
-    expected = [[1.0 + 0.75 * (4.0 - 1.0), 2.0], [3.0 + 0.5 * (4.0 - 3.0), 4.0 + 0.5 * (2.0 - 4.0)], [5.0, 6.0]]
-    np.testing.assert_allclose(q.numpy(), expected)
-    assert td_error.item() == pytest.approx((2.0 + 2.0 + 1.0 + 4.0) / 4)
-
-
-def reference_q_update(q, batch, gamma, lr):
-    """The documented rule in plain loops: targets from the table before the batch; a pair seen n times moves to
-    the mean of its targets by 1 - (1 - lr)^n."""
-    new = q.copy()
-    targets: dict[tuple[int, int], list[float]] = {}
-    for s, a, r, s2, term, valid in batch:
-        if valid:
-            targets.setdefault((s, a), []).append(r + gamma * q[s2].max() * (1 - term))
-    for (s, a), ts in targets.items():
-        new[s, a] = q[s, a] + (1 - (1 - lr) ** len(ts)) * (np.mean(ts) - q[s, a])
-    return new
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_q_update_matches_reference_and_ignores_the_order_of_duplicates(seed):
-    rng = np.random.default_rng(seed)
-    q0 = rng.normal(size=(4, 3))
-    n = 64  # many duplicates among 12 pairs
-    batch = list(
-        zip(*(rng.integers(0, 4, n), rng.integers(0, 3, n), rng.normal(size=n), rng.integers(0, 4, n),
-              rng.random(n) < 0.2, rng.random(n) < 0.9), strict=True)
-    )  # fmt: skip
-    expected = reference_q_update(q0, batch, gamma=0.9, lr=0.3)
-    for order in (np.arange(n), rng.permutation(n)):
-        s, a, r, s2, term, valid = (torch.tensor(np.array([batch[i][k] for i in order])) for k in range(6))
-        q = torch.tensor(q0)
-        qlearning.q_update(q, s, a, r, s2, term.double(), valid.double(), gamma=0.9, lr=0.3)
-        np.testing.assert_allclose(q.numpy(), expected, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------------------

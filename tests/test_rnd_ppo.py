@@ -2,7 +2,6 @@
 across episode ends, novelty that fades with training, the room counter, runs end to end (save + reload, seeds,
 bad input, stop and resume)."""
 
-import math
 import signal
 
 import numpy as np
@@ -70,68 +69,6 @@ def atari_frames(env_id: str, n: int, seed: int = 0) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 # The intrinsic reward: statistics, observation clipping, the forward filter
 # ---------------------------------------------------------------------------------------------------------------
-def merged(mean, var, count, x):
-    """Plain Chan et al. merge of the rows of x into (mean, var, count), written out in numpy."""
-    n, batch_mean, batch_var = x.shape[0], x.mean(0), x.var(0)
-    total = count + n
-    new_mean = mean + (batch_mean - mean) * n / total
-    m2 = var * count + batch_var * n + (batch_mean - mean) ** 2 * count * n / total
-    return new_mean, m2 / total, total
-
-
-def test_frame_statistics_match_numpy_over_several_updates():
-    """Per-pixel statistics of uint8 frames, in chunks that do not divide the batch, against numpy's merge of the same
-    batches from the initial mean 0, variance 1, count 1e-4."""
-    rng = np.random.default_rng(0)
-    batches = [rng.integers(0, 256, (n, 1, 84, 84), dtype=np.uint8) for n in (7, 12)]
-    batches[1][:, :, :4] = 87  # pixels that never change: their variance stays positive (the count's 1e-4 of var 1)
-    rms = rnd_ppo.RunningMeanStd((1, 84, 84), torch.device("cpu"))
-    mean, var, count = np.zeros((1, 84, 84)), np.ones((1, 84, 84)), 1e-4
-    for batch in batches:
-        rnd_ppo.update_frame_stats(rms, torch.as_tensor(batch), chunk=5)
-        mean, var, count = merged(mean, var, count, batch.astype(np.float64))
-    np.testing.assert_allclose(rms.mean.numpy(), mean, rtol=1e-12)
-    np.testing.assert_allclose(rms.var.numpy(), var, rtol=1e-9)
-    assert rms.count.item() == pytest.approx(count, rel=1e-15)
-    assert (rms.var > 0).all()
-
-
-def test_observations_are_normalised_per_pixel_and_clipped_to_5():
-    rms = rnd_ppo.RunningMeanStd((1, 2, 2), torch.device("cpu"))
-    rms.mean = t([[[100.0, 100.0], [0.0, 255.0]]])
-    rms.var = t([[[16.0, 16.0], [1e-6, 4.0]]])
-    frames = torch.tensor([[[[104, 0], [1, 255]]], [[[100, 255], [0, 0]]]], dtype=torch.uint8)
-    out = rnd_ppo.normalize_frames(frames, rms)
-    expected = [[[[1.0, -5.0], [5.0, 0.0]]], [[[0.0, 5.0], [0.0, -5.0]]]]  # 104 -> +1 std; 0 -> -25 std, clipped; ...
-    assert out.dtype == torch.float32
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
-
-
-def test_forward_filter_and_the_intrinsic_reward_scale_against_a_hand_computation():
-    """Two envs, three steps, carrying a filter value from the previous rollout; env 1's step 1 is a reset step, which
-    neither adds to its filter nor counts in the variance. The rollout's filtered values update the running variance
-    first, and every reward (the reset step's too: it is masked out later) is divided by its square root."""
-    gamma = 0.9
-    rewards = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
-    valid = [[1, 1], [1, 0], [1, 1]]
-    rewems = [10.0, 20.0]
-    # env 0: 10*0.9+1 = 10, 10*0.9+3 = 12, 12*0.9+5 = 15.8; env 1: 20*0.9+2 = 20, reset step: 20, 20*0.9+6 = 24
-    filtered = [[10.0, 20.0], [12.0, 20.0], [15.8, 24.0]]
-    kept = np.array([10.0, 12.0, 15.8, 20.0, 24.0])
-    count = 1e-4 + 5
-    mean = kept.sum() / count  # from mean 0
-    var = (1.0 * 1e-4 + kept.var() * 5 + kept.mean() ** 2 * 1e-4 * 5 / count) / count
-
-    out, new_rewems = rnd_ppo.forward_filter(torch.tensor(rewards), torch.tensor(rewems), torch.tensor(valid), gamma)
-    np.testing.assert_allclose(out.numpy(), filtered, rtol=1e-6)
-    np.testing.assert_allclose(new_rewems.numpy(), [15.8, 24.0], rtol=1e-6)
-
-    rms = rnd_ppo.RunningMeanStd((), torch.device("cpu"))
-    scaled, _ = rnd_ppo.normalize_intrinsic(
-        torch.tensor(rewards), torch.tensor(rewems), torch.tensor(valid, dtype=torch.float32), rms, gamma
-    )
-    assert rms.mean.item() == pytest.approx(mean, rel=1e-6) and rms.var.item() == pytest.approx(var, rel=1e-6)
-    np.testing.assert_allclose(scaled.numpy(), np.array(rewards) / math.sqrt(var), rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -149,42 +86,8 @@ NEXT_VALUE = 0.35
 GAMMA, LAMBDA = 0.9, 0.8
 
 
-def gae_by_hand(rewards, values, next_value, gamma, lam):
-    """Plain GAE of one unbroken stream: A_t = sum_l (gamma lam)^l delta_{t+l}, written as a forward sum."""
-    n = len(rewards)
-    nexts = values[1:] + [next_value]
-    deltas = [rewards[i] + gamma * nexts[i] - values[i] for i in range(n)]
-    return [sum((gamma * lam) ** (j - i) * deltas[j] for j in range(i, n)) for i in range(n)]
-
-
 def as_column(x):
     return torch.tensor(x, dtype=torch.float64).reshape(-1, 1)
-
-
-def test_the_intrinsic_advantage_crosses_episode_ends_without_the_reset_steps():
-    """The intrinsic stream is the rollout with its reset steps taken out, one unbroken sequence (non-episodic)."""
-    adv, returns = rnd_ppo.intrinsic_gae(
-        as_column(REWARDS), as_column(VALUES), t([NEXT_VALUE]), as_column(VALID), GAMMA, LAMBDA
-    )
-    kept = [i for i, v in enumerate(VALID) if v]
-    expected = gae_by_hand([REWARDS[i] for i in kept], [VALUES[i] for i in kept], NEXT_VALUE, GAMMA, LAMBDA)
-    np.testing.assert_allclose(adv.flatten()[kept].numpy(), expected, rtol=1e-12)
-    assert adv[3].item() == 0 and adv[6].item() == 0
-    np.testing.assert_allclose(returns.numpy(), (adv + as_column(VALUES)).numpy())
-
-
-def test_the_extrinsic_advantage_stops_at_a_termination_and_bootstraps_a_truncation():
-    adv, _ = rnd_ppo.compute_gae(
-        as_column(REWARDS), as_column(VALUES), t([NEXT_VALUE]), as_column(TERM), as_column(DONE), as_column(VALID),
-        GAMMA, LAMBDA,
-    )  # fmt: skip
-    adv = adv.flatten().tolist()
-    # episode 1 (steps 0-2) ends in a termination: nothing after it, no bootstrap
-    np.testing.assert_allclose(adv[:3], gae_by_hand(REWARDS[:3], VALUES[:3], 0.0, GAMMA, LAMBDA), rtol=1e-12)
-    # episode 2 (steps 4-5) is truncated: it bootstraps from its final frame's value, values[6]
-    np.testing.assert_allclose(adv[4:6], gae_by_hand(REWARDS[4:6], VALUES[4:6], VALUES[6], GAMMA, LAMBDA), rtol=1e-12)
-    np.testing.assert_allclose(adv[7:], gae_by_hand(REWARDS[7:], VALUES[7:], NEXT_VALUE, GAMMA, LAMBDA), rtol=1e-12)
-    assert adv[3] == 0 and adv[6] == 0
 
 
 def test_a_reward_after_an_episode_end_reaches_the_intrinsic_advantage_before_it_but_not_the_extrinsic_one():
@@ -211,31 +114,6 @@ def test_a_reward_after_an_episode_end_reaches_the_intrinsic_advantage_before_it
     changed[3] += 100.0
     ext2, intr2 = both(changed)
     assert torch.equal(ext2, ext) and torch.equal(intr2, intr)
-
-
-def test_the_loss_matches_a_hand_computation():
-    rng = np.random.default_rng(1)
-    n, a, clip = 5, 3, 0.1
-    logits = rng.normal(size=(n, a))
-    actions = rng.integers(0, a, n)
-    logp = [[x - math.log(sum(math.exp(y) for y in row)) for x in row] for row in logits]
-    oldlogprob = np.array([logp[i][actions[i]] for i in range(n)]) + rng.normal(0, 0.2, n)
-    adv, ve, vi, re, ri = (rng.normal(size=n) for _ in range(5))
-    mask, count = np.array([1, 0, 1, 1, 1.0]), 4.0
-    pg = v_ext = v_int = ent = 0.0
-    for i in range(n):
-        if mask[i]:
-            ratio = math.exp(logp[i][actions[i]] - oldlogprob[i])
-            pg += max(-adv[i] * ratio, -adv[i] * min(max(ratio, 1 - clip), 1 + clip))
-            v_ext += 0.5 * (ve[i] - re[i]) ** 2
-            v_int += 0.5 * (vi[i] - ri[i]) ** 2
-            ent -= sum(math.exp(x) * x for x in logp[i])
-    args = rnd_ppo.Args(clip_coef=clip, ent_coef=0.01, vf_coef=0.5)
-    loss, sums = rnd_ppo.rnd_ppo_loss(
-        t(logits), torch.tensor(actions), t(oldlogprob), t(adv), t(ve), t(vi), t(re), t(ri), t(mask), count, args
-    )
-    np.testing.assert_allclose(sums[:4].numpy(), [pg / count, v_ext / count, v_int / count, ent / count], rtol=1e-12)
-    assert loss.item() == pytest.approx((pg - 0.01 * ent + 0.5 * (v_ext + v_int)) / count, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -64,8 +64,9 @@ def held_bytes(value, seen: set) -> int:
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_the_reckoning_is_within_a_tenth_of_what_the_buffers_take(run, tmp_path):
-    """main's locals when it returns: every tensor and array it holds, against storage()'s buffers for the same flags."""
+def test_a_small_run_says_its_device_first_and_keeps_what_its_storage_reckons(run, tmp_path):
+    """The first line a run prints names its device. Then main's locals when it returns: every tensor and array it
+    holds, against storage()'s buffers for the same flags, within a tenth."""
     name, flags = RUNS[run]
     flags = [*flags.split(), CPU, "--seed", "1"]
     held, reckoned = {}, {}
@@ -88,6 +89,7 @@ def test_the_reckoning_is_within_a_tenth_of_what_the_buffers_take(run, tmp_path)
 
     proc = run_in_process(name, call, tmp_path)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(f"{name}.py: training on cpu ("), proc.stdout[:500]
     buffers = sum(size for store, (size, _, _) in reckoned.items() if store.startswith(BUFFERS))
     seen = set()
     by_name = {key: held_bytes(value, seen) for key, value in held.items()}  # to say what differs, where it does
