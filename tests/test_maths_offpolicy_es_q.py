@@ -4,10 +4,12 @@
 - dqn.py: td_target (max, Double DQN, terminations), q_loss (mse, huber; value, mean Q, gradient), soft_update,
   linear_schedule;
 - ddpg_td3.py: smoothed_target_actions, td_target (minimum over 1-3 critics), soft_update, exploration_actions;
-- es.py: centered_ranks (ties share their mean rank), perturb, es_gradient, update_mean_var_count, update_from_sums,
-  normalize_frozen, stack_layers + population_forward (both of its branches);
-- qlearning.py: discretise, q_update (duplicates, terminations, reset steps), linear_interp, greedy_actions,
-  exact_return (brute-force enumeration on a hand-made MDP).
+- es.py: centered_ranks (ties share their mean rank; made on the fitness's device), perturb, es_gradient,
+  update_mean_var_count, update_from_sums (down to one observation), normalize_frozen, stack_layers +
+  population_forward (both of its branches);
+- qlearning.py: discretise (float64 bounds; on the observations' device), q_update (duplicates, terminations, reset
+  steps, the TD error of a single valid transition), linear_interp, greedy_actions, exact_return (brute-force
+  enumeration on a hand-made MDP).
 """
 
 import itertools
@@ -205,6 +207,19 @@ def test_es_centered_ranks_with_ties(seed, size, distinct):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_es_centered_ranks_are_made_on_the_fitness_device(seed):
+    """The ranks live on the fitness's device, whatever torch's default device is (a CUDA run's fitness is on the GPU).
+    The 'meta' default device, which holds no numbers, stands in for another device here. Fails if any tensor of the
+    computation is made on the default device instead."""
+    rng = np.random.default_rng(seed)
+    fitness = rng.integers(0, 4, 10).astype(np.float64)
+    with torch.device("meta"):
+        got = es.centered_ranks(torch.tensor(fitness, device="cpu"))
+    assert got.device.type == "cpu"
+    close(got, centered_ranks_reference(fitness))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_es_perturb_is_plus_then_minus_for_each_pair(seed):
     """Member 2j = theta + sigma eps_j and member 2j + 1 = theta - sigma eps_j. Fails if the signs or pairs are swapped
     or sigma is left out."""
@@ -288,6 +303,20 @@ def test_es_update_from_sums_equals_numpy_over_the_concatenation(seed):
     mean = both.sum(0) / mass
     close(fresh.mean, mean, 1e-10)
     close(fresh.var, (prior * 1.0 + (both**2).sum(0)) / mass - mean**2, 1e-9)
+
+
+def test_es_update_from_sums_merges_a_single_observation():
+    """One observation (count 1) is merged like any other batch: numpy's moments over the earlier rows and it. Fails
+    if a count of 1 is skipped as if nothing had been observed."""
+    rng = np.random.default_rng(7)
+    first, one = rng.normal(size=(5, 3)), rng.normal(size=(1, 3))
+    rms = es.RunningMeanStd((3,), torch.device("cpu"))
+    rms.mean, rms.var, rms.count = (f64(m) for m in moments(first))
+    es.update_from_sums(rms, f64(one.sum(0)), f64((one**2).sum(0)), f64(1.0))
+    both = np.concatenate([first, one])
+    close(rms.mean, both.mean(0), 1e-10)
+    close(rms.var, both.var(0), 1e-10)
+    assert float(rms.count) == 6
 
 
 def test_es_update_from_sums_never_makes_a_negative_variance():
@@ -385,6 +414,43 @@ def test_discretise_random_points_edges_and_out_of_range(seed, bins):
     assert qlearning.discretise(f64(points).reshape(-1, 1, 3), grid).tolist() == expected  # any observation shape
 
 
+@pytest.mark.parametrize("bins", [2, 3, 7])
+def test_discretise_keeps_bounds_that_are_not_float32_numbers(bins):
+    """Bounds such as 0.1 (--obs-low / --obs-high) are float64 numbers, and so are the inner edges between them: a
+    value a hair (1e-11 of the range) either side of an edge lands on its own side. Fails if a bound is rounded to
+    float32 on the way, which moves the edges by about 1e-9 to 1e-7 of the range."""
+    low, high = np.array([0.1, -1.3, 2.7]), np.array([1.1, 0.7, 3.3])
+    assert (low.astype(np.float32) != low).all() and (high.astype(np.float32) != high).all()
+    span = high - low
+    points = [low + k * span / bins + sign * 1e-11 * span for k in range(1, bins) for sign in (-1, 1)]
+    grid = qlearning.Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
+    expected = []
+    for point in points:
+        index = 0
+        for d in range(3):
+            index = index * bins + cell_reference(point[d], low[d], high[d], bins)
+        expected.append(index)
+    assert len(set(expected)) == bins  # both sides of every edge: every cell is reached
+    assert qlearning.discretise(f64(points), grid).tolist() == expected
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_discretise_works_on_the_observations_device(seed):
+    """The grid's bounds and the row strides are made on the observations' device, whatever torch's default device is
+    (a CUDA run's observations are on the GPU). The 'meta' default device, which holds no numbers, stands in for
+    another device here. Fails if any of them is made on the default device instead."""
+    rng = np.random.default_rng(seed)
+    low, high, bins = np.array([-1.0, 0.0]), np.array([1.0, 3.0]), 4
+    points = rng.uniform(low - 1.0, high + 1.0, (20, 2))
+    grid = qlearning.Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
+    expected = [
+        cell_reference(p[0], low[0], high[0], bins) * bins + cell_reference(p[1], low[1], high[1], bins) for p in points
+    ]
+    with torch.device("meta"):
+        got = qlearning.discretise(torch.tensor(points, device="cpu"), grid)
+    assert got.device.type == "cpu" and got.tolist() == expected
+
+
 def test_discretise_keeps_discrete_ids():
     """A Discrete space is its own table (bins 0): the ids as they are, as long integers. Fails if they are
     remapped."""
@@ -462,6 +528,18 @@ def test_q_update_with_only_reset_steps_changes_nothing():
     q = [[1.0, 2.0], [3.0, 4.0]]
     table, td = run_q_update(q, [(0, 1, 5.0, 1, 0.0, 0.0), (1, 0, -3.0, 0, 1.0, 0.0)], 0.9, 0.5)
     assert table.tolist() == q and td.item() == 0.0
+
+
+@pytest.mark.parametrize("with_reset_step", [False, True])
+def test_q_update_td_error_of_a_single_valid_transition(with_reset_step):
+    """One valid transition (a run with one env), alone or beside a reset step: the TD error is its own
+    |r + gamma max Q(s', .) - Q(s, a)|. Fails if the mean divides by more than the one valid transition."""
+    q, gamma, lr = [[1.0, 2.0], [3.0, 4.0]], 0.9, 0.5
+    batch = [(0, 1, 5.0, 1, 0.0, 1.0)] + [(1, 0, -3.0, 0, 1.0, 0.0)] * with_reset_step
+    table, td = run_q_update(q, batch, gamma, lr)
+    target = 5.0 + gamma * max(q[1])
+    assert td.item() == pytest.approx(abs(target - q[0][1]), rel=1e-12)
+    close(table, [[1.0, 2.0 + lr * (target - 2.0)], [3.0, 4.0]])
 
 
 @pytest.mark.parametrize("start, end, duration", [(1.0, 0.05, 100), (0.1, 0.9, 50), (0.5, 0.5, 10), (0.3, 0.01, 0)])

@@ -39,10 +39,12 @@ def normalised(adv: np.ndarray, valid: np.ndarray) -> np.ndarray:
 
 
 def make_mask(rng, kind: str, n: int, p_valid: float) -> np.ndarray:
-    """Valid (non-reset-step) entries: each with probability p_valid, all, only one, or none."""
+    """Valid (non-reset-step) entries: each with probability p_valid, all, only one, only two (the smallest sample
+    whose n - 1 is not clamped), or none."""
     if kind == "random":
         return rng.random(n) < p_valid
-    return {"all": np.ones(n, bool), "one": np.arange(n) == n // 3, "none": np.zeros(n, bool)}[kind]
+    two = (np.arange(n) == n // 3) | (np.arange(n) == 2 * n // 3)
+    return {"all": np.ones(n, bool), "one": np.arange(n) == n // 3, "two": two, "none": np.zeros(n, bool)}[kind]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,6 +202,11 @@ def test_explained_variance_on_the_valid_entries(algo, seed):
     expected = 1.0 - np.var(y - p) / np.var(y)
     np.testing.assert_allclose(module.explained_variance(t64(values), t64(returns), t64(mask)).item(), expected, **F64)
     np.testing.assert_allclose(module.explained_variance(t64(returns), t64(returns), t64(mask)).item(), 1.0, **F64)
+    small = np.where(mask, returns / 20, returns)  # a spread below 1: the check is var > 0, not var > 1
+    y = small[mask]
+    expected = 1.0 - np.var(y - p / 20) / np.var(y)
+    assert np.var(y) < 1
+    np.testing.assert_allclose(module.explained_variance(t64(values / 20), t64(small), t64(mask)).item(), expected, **F64)
     constant = np.where(mask, 3.0, returns)  # integers: the valid returns' mean and spread are exact
     assert math.isnan(module.explained_variance(t64(values), t64(constant), t64(mask)).item())
 
@@ -372,7 +379,7 @@ def test_ppo_loss_matches_the_clipped_surrogate_reference(seed, clip, clip_vloss
 
 
 @pytest.mark.parametrize("norm_adv", [False, True])
-@pytest.mark.parametrize("mask_kind", ["all", "one", "none"])
+@pytest.mark.parametrize("mask_kind", ["all", "one", "two", "none"])
 def test_ppo_loss_with_every_one_or_no_valid_sample(mask_kind, norm_adv):
     """Minibatches with no reset step, or made of reset steps but one, or only of them (tiny minibatches): the same
     reference; a single valid advantage normalises to 0, an empty minibatch gives loss 0 and no gradient, not NaN."""
@@ -383,7 +390,7 @@ def test_ppo_loss_with_every_one_or_no_valid_sample(mask_kind, norm_adv):
 # a2c_loss
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("norm_adv", [False, True])
-@pytest.mark.parametrize("mask_kind", ["random", "all", "one", "none"])
+@pytest.mark.parametrize("mask_kind", ["random", "all", "one", "two", "none"])
 @pytest.mark.parametrize("ent_coef, vf_coef", [(0.0, 0.5), (0.01, 0.25)])
 def test_a2c_loss_matches_the_policy_gradient_reference(norm_adv, mask_kind, ent_coef, vf_coef):
     """Mnih et al. 2016: -mean(A * log pi) with A a constant, + vf_coef * mean((V - R)^2) (not halved, as SB3 and

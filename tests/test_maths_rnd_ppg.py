@@ -212,13 +212,16 @@ def test_intrinsic_gae_runs_on_across_episode_ends_without_the_reset_steps(seed)
 # ---------------------------------------------------------------------------------------------------------------
 # Advantage normalisation
 # ---------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed, valid_count", [(0, 24), (1, 15), (2, 7), (3, 1), (4, 0)])
-def test_rnd_standardize_is_the_sample_standardisation_of_the_valid_entries(seed, valid_count):
+@pytest.mark.parametrize(
+    "seed, valid_count, scale", [(0, 24, 1.0), (1, 15, 1.0), (2, 7, 1.0), (3, 1, 1.0), (4, 0, 1.0), (5, 2, 1.0), (6, 9, 1e-7)]
+)
+def test_rnd_standardize_is_the_sample_standardisation_of_the_valid_entries(seed, valid_count, scale):
     """CleanRL's norm_adv: (A - mean) / (sample std (n - 1) + 1e-8) over the valid entries, 0 on the others; one valid
-    entry standardises to 0, none leaves all zeros. Fails with the variance for the std, the population std, or
+    entry standardises to 0, none leaves all zeros; two divide by n - 1 = 1; with a spread of 1e-7 the 1e-8 counts.
+    Fails with the variance for the std, the population std, another floor on n - 1, the epsilon subtracted, or
     statistics that count the masked entries."""
     rng = np.random.default_rng(seed)
-    adv = rng.normal(1.5, 3.7, 24)
+    adv = rng.normal(1.5, 3.7, 24) * scale
     mask = np.zeros(24)
     mask[rng.permutation(24)[:valid_count]] = 1
     kept = adv[mask > 0]
@@ -229,13 +232,13 @@ def test_rnd_standardize_is_the_sample_standardisation_of_the_valid_entries(seed
     np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL64, atol=1e-9)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_ppg_normalize_advantages_uses_the_population_moments_of_the_valid_entries(seed):
+@pytest.mark.parametrize("seed, scale", [(0, 1.0), (1, 1.0), (2, 1.0), (3, 1e-7)])
+def test_ppg_normalize_advantages_uses_the_population_moments_of_the_valid_entries(seed, scale):
     """The reference's compute_advantage: (A - mean) / (sqrt(population variance) + 1e-8) over the whole batch's
-    valid entries (tu.mpi_moments), 0 on reset steps. Fails with the variance for the std, n - 1, or reset steps
-    counted."""
+    valid entries (tu.mpi_moments), 0 on reset steps; with a spread of 1e-7 the 1e-8 counts. Fails with the variance
+    for the std, n - 1, the epsilon subtracted, or reset steps counted."""
     rng = np.random.default_rng(seed)
-    adv = rng.normal(-0.7, 4.2, (8, 6))
+    adv = rng.normal(-0.7, 4.2, (8, 6)) * scale
     valid = (rng.random((8, 6)) > 0.25).astype(float)
     kept = adv[valid > 0]
     expected = np.where(valid > 0, (adv - kept.mean()) / (kept.std(ddof=0) + 1e-8), 0.0)
@@ -312,6 +315,25 @@ def test_ppg_policy_loss_matches_the_clipped_surrogate_and_the_value_loss(seed):
     numeric = finite_difference(lambda *a: ref_ppg_loss(*a, data, clip, ent_coef, vf_coef)[0], [logits, value])
     for x, g in zip(inputs, numeric, strict=True):
         np.testing.assert_allclose(x.grad.numpy(), g, rtol=1e-5, atol=1e-8)
+
+
+def test_the_losses_do_not_validate_their_inputs():
+    """Both losses build their Categorical without argument validation, which would check every logit and action on
+    each call (on a GPU, a wait for the device every chunk): a NaN logit gives a NaN loss instead of an exception. Fails
+    if validation is switched on (validate_args True, or left to torch's default)."""
+    _, clip, logits, data = ppo_case(0)
+    logits[1, 2] = np.nan
+    n = len(data["actions"])
+    common = (torch.as_tensor(data["actions"]), t64(data["oldlogprob"]), t64(data["adv"]))
+    loss, _ = rnd.rnd_ppo_loss(
+        t64(logits), *common, t64(np.zeros(n)), t64(np.zeros(n)), t64(data["ext_ret"]), t64(data["int_ret"]),
+        t64(data["mask"]), float(data["count"]), rnd.Args(clip_coef=clip),
+    )  # fmt: skip
+    assert math.isnan(loss.item())
+    loss, _ = ppg.policy_loss(
+        t64(logits), *common, t64(np.zeros(n)), t64(data["ext_ret"]), t64(data["mask"]), float(data["count"]), clip, 0.01, 0.5
+    )
+    assert math.isnan(loss.item())
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -421,6 +443,17 @@ def test_frame_statistics_and_normalised_frames_against_numpy(seed, chunk):
     np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL32, atol=1e-5)
 
 
+def test_frame_statistics_are_computed_on_the_frames_device():
+    """The sums are accumulated where the frames are (a GPU in training; here torch's meta device, which has no data
+    but checks devices as a GPU does). Fails if the accumulators are made on the CPU: adding the frames' sums to them
+    or merging them into the statistics then raises."""
+    meta = torch.device("meta")
+    stats = rnd.RunningMeanStd((1, 5, 6), meta)
+    rnd.update_frame_stats(stats, torch.zeros((7, 1, 5, 6), dtype=torch.uint8, device=meta), chunk=3)
+    assert stats.mean.device == stats.var.device == stats.count.device == meta
+    assert stats.mean.shape == stats.var.shape == (1, 5, 6)
+
+
 def ref_forward_filter(rewards, rewems, valid, gamma):
     """RewardForwardFilter per env: rewems <- gamma rewems + r on valid steps, unchanged on reset steps."""
     filtered, rewems = np.zeros_like(rewards), np.array(rewems, dtype=np.float64)
@@ -465,15 +498,16 @@ def test_forward_filter_and_the_intrinsic_reward_scale(seed, p_valid):
         rewems = new_rewems.astype(np.float32)
 
 
-@pytest.mark.parametrize("seed, clip", [(0, 10.0), (1, 0.8), (2, 0.5)])
-def test_scale_reward_divides_by_the_running_std_of_the_discounted_return(seed, clip):
+@pytest.mark.parametrize("seed, clip, scale", [(0, 10.0, 1.0), (1, 0.8, 1.0), (2, 0.5, 1.0), (3, 10.0, 1e-4)])
+def test_scale_reward_divides_by_the_running_std_of_the_discounted_return(seed, clip, scale):
     """Step by step: each env's discounted return G <- gamma G + r (0 again after a done), every step's G pooled into the
     running variance (prior mean 0, var 1, count 1e-4), the reward divided by sqrt(var + 1e-8) and clipped to
-    [-clip, clip] (both sides reached with the small clips). Fails if G is not reset at dones (or reset before it is
-    counted), the std is the variance, or the clip is one-sided."""
+    [-clip, clip] (both sides reached with the small clips); with rewards of 1e-4 the variance is about 1e-6 and the
+    1e-8 counts. Fails if G is not reset at dones (or reset before it is counted), the std is the variance, the 1e-8
+    is subtracted, or the clip is one-sided."""
     rng = np.random.default_rng(seed)
     T, N, gamma = 12, 6, 0.95
-    rewards, dones = rng.normal(0, 1, (T, N)), rng.random((T, N)) < 0.2
+    rewards, dones = rng.normal(0, scale, (T, N)), rng.random((T, N)) < 0.2
     stats, ret = ppg.RunningMeanStd((), CPU), torch.zeros(N, dtype=torch.float64)
     ref_ret, seen, clipped = np.zeros(N), [], set()
     for s in range(T):
@@ -489,6 +523,19 @@ def test_scale_reward_divides_by_the_running_std_of_the_discounted_return(seed, 
         ref_ret = np.where(dones[s], 0.0, ref_ret)
         np.testing.assert_allclose(ret.numpy(), ref_ret, rtol=RTOL64, atol=1e-12)
     assert clipped == (set() if clip == 10.0 else {-1, 1})
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_scale_reward_clips_to_10_by_default(sign):
+    """The training loop passes no clip: the first step's equal rewards give a discounted return of almost no variance
+    (only the prior's pseudo-count), so reward / std is about 170 and is clipped to +-10. Fails with another default."""
+    N = 6
+    seen = list(np.full(N, sign))
+    raw = sign / math.sqrt(pooled(0.0, 1.0, 1e-4, seen)[1] + 1e-8)
+    assert abs(raw) > 100
+    stats = ppg.RunningMeanStd((), CPU)
+    scaled, _ = ppg.scale_reward(t64(seen), torch.zeros(N, dtype=torch.float64), torch.zeros(N, dtype=torch.bool), stats, 0.99)
+    np.testing.assert_array_equal(scaled.numpy(), np.full(N, 10.0 * sign, dtype=np.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------------
