@@ -830,14 +830,12 @@ def env_pool_bytes(env_id: str, num_envs: int) -> int:
     16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
     to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
     family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
-    family = (
-        "gymnasium" if ":" in env_id or env_id not in envpool.list_all_envs() else type(envpool.make_spec(env_id)).__name__
-    )
+    if ":" in env_id or env_id not in envpool.list_all_envs():
+        return int(0.064 * num_envs * 2**20)
+    family = type(envpool.make_spec(env_id)).__name__
     classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
-    mib_per_env, mib_once = (
-        (1.25, 5) if family == "AtariEnvSpec" else (0.8, 345) if family == "ProcgenEnvSpec" else (0.064, 0)
-        if family == "gymnasium" else (0.008, 1) if family.startswith(classic) else (0.8, 6)
-    )  # fmt: skip
+    other = (0.008, 1) if family.startswith(classic) else (0.8, 6)
+    mib_per_env, mib_once = {"AtariEnvSpec": (1.25, 5), "ProcgenEnvSpec": (0.8, 345)}.get(family, other)
     return int((mib_once + mib_per_env * num_envs) * 2**20)
 
 

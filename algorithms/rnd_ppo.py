@@ -606,7 +606,8 @@ def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iteratio
     collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
     `iterations` rollouts of frames.shape[0] steps, the last frame of each observation written into `frames` (the
     rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the statistics about
-    0.1 s a rollout), so a line every `interval` seconds says how far it is. Returns the seconds it took."""
+    0.1 s a rollout), so a line every `interval` seconds says how far it is, and one more when it is done. Returns the
+    seconds it took."""
     start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
     for i in range(iterations):
         for step in range(num_steps):
@@ -616,7 +617,9 @@ def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iteratio
         if time.time() - last_print > interval and i + 1 < iterations:
             last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
             print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
-    return time.time() - start
+    seconds = time.time() - start
+    print(f"observation statistics from {iterations * num_steps * num_envs:,} random steps in {seconds:.1f} s")
+    return seconds
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -761,7 +764,6 @@ def main(args: Args) -> None:
             envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args.progress_interval
         )
         writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
-        print(f"observation statistics from {args.num_iterations_obs_norm_init * T * N:,} random steps in {seconds:.1f} s")
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
@@ -1005,14 +1007,12 @@ def env_pool_bytes(env_id: str, num_envs: int) -> int:
     16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
     to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
     family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
-    family = (
-        "gymnasium" if ":" in env_id or env_id not in envpool.list_all_envs() else type(envpool.make_spec(env_id)).__name__
-    )
+    if ":" in env_id or env_id not in envpool.list_all_envs():
+        return int(0.064 * num_envs * 2**20)
+    family = type(envpool.make_spec(env_id)).__name__
     classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
-    mib_per_env, mib_once = (
-        (1.25, 5) if family == "AtariEnvSpec" else (0.8, 345) if family == "ProcgenEnvSpec" else (0.064, 0)
-        if family == "gymnasium" else (0.008, 1) if family.startswith(classic) else (0.8, 6)
-    )  # fmt: skip
+    other = (0.008, 1) if family.startswith(classic) else (0.8, 6)
+    mib_per_env, mib_once = {"AtariEnvSpec": (1.25, 5), "ProcgenEnvSpec": (0.8, 345)}.get(family, other)
     return int((mib_once + mib_per_env * num_envs) * 2**20)
 
 

@@ -75,6 +75,11 @@ FIRST_NETWORK = {
 }
 
 
+def python_paths(env: dict | None) -> list[str]:
+    """The folders a subprocess environment puts on PYTHONPATH: what an in-process call must import from too."""
+    return [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 def check_run(name: str, run_dir: Path, env=None) -> None:
     """What every finished smoke run must show: each logged scalar finite, and a saved model whose weights are finite
     and no longer those of a freshly initialised model of the same seed (a NaN loss or a skipped optimiser step)."""
@@ -93,7 +98,7 @@ def check_run(name: str, run_dir: Path, env=None) -> None:
     module = load_algorithm(name)
     fields = {f.name for f in dataclasses.fields(module.Args)}
     args = module.Args(**{k: v for k, v in state["args"].items() if k in fields})
-    paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = python_paths(env)
     sys.path[:0] = paths
     try:
         obs_space, action_space = module.env_spaces(args.env_id)
@@ -201,7 +206,7 @@ def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, e
     process, with env's PYTHONPATH importable, letting it fail; bad input never leaves a run directory behind."""
     flags = with_foreign_checkpoint(flags, cwd, foreign_env_id, f"{name}.py")
     before = run_dirs(cwd) if (cwd / "runs").is_dir() else []
-    paths = [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = python_paths(env)
     proc = run_in_process(name, lambda module: module.main(module.parse_args(flags)), cwd, paths)
     if proc.returncode != 0:
         assert (run_dirs(cwd) if (cwd / "runs").is_dir() else []) == before, proc.stderr

@@ -41,24 +41,27 @@ RUNS = {
 def held_bytes(value, seen: set) -> int:
     """Bytes of the tensors and arrays a value holds (in dicts, lists, tuples and plain objects, such as a replay
     buffer), each storage counted once; networks, optimisers and envs are not storage."""
-    if isinstance(value, torch.nn.Parameter) or type(value).__module__.startswith(("gymnasium", "envpool")):
-        return 0  # a network's weights, an env or its spaces: not storage
-    if isinstance(value, torch.Tensor):
-        storage = value.untyped_storage()
-        key = ("torch", storage.data_ptr())
-        return 0 if key in seen or seen.add(key) else storage.nbytes()
-    if isinstance(value, np.ndarray):
-        base = value if value.base is None else value.base
-        key = ("numpy", id(base))
-        return 0 if key in seen or seen.add(key) or not isinstance(base, np.ndarray) else base.nbytes
-    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)) or id(value) in seen:
+    if isinstance(value, (torch.nn.Parameter, torch.nn.Module, torch.optim.Optimizer)):
         return 0
-    seen.add(id(value))
+    if type(value).__module__.startswith(("gymnasium", "envpool")):
+        return 0  # an env or its spaces
+    if isinstance(value, torch.Tensor):
+        key, size = ("torch", value.untyped_storage().data_ptr()), value.untyped_storage().nbytes()
+    elif isinstance(value, np.ndarray):
+        base = value if value.base is None else value.base
+        key, size = ("numpy", id(base)), base.nbytes if isinstance(base, np.ndarray) else 0
+    else:
+        key, size = id(value), None
+    if key in seen:
+        return 0
+    seen.add(key)
+    if size is not None:
+        return size
     if isinstance(value, dict):
         return sum(held_bytes(v, seen) for v in value.values())
     if isinstance(value, (list, tuple)):
         return sum(held_bytes(v, seen) for v in value)
-    if hasattr(value, "__dict__") and type(value).__module__ not in ("builtins",) and not callable(value):
+    if hasattr(value, "__dict__") and not callable(value):
         return sum(held_bytes(v, seen) for v in vars(value).values())
     return 0
 
@@ -114,7 +117,6 @@ envs.close()
 before = resident()
 envs = envpool.make({env_id!r}, env_type="gymnasium", num_envs={n}, seed=1)
 envs.reset()
-rng = np.random.default_rng(1)
 for _ in range(50):
     envs.step(np.array([envs.action_space.sample() for _ in range({n})]))
 print(resident() - before, ppo.env_pool_bytes({env_id!r}, {n}))
