@@ -4,7 +4,7 @@ import envpool
 import numpy as np
 import pytest
 
-from conftest import CPU, only_run, run_algorithm, scalars
+from conftest import CPU, only_run, run_algorithm, scalars, values
 
 
 @pytest.mark.learning
@@ -85,7 +85,7 @@ def test_ppg_learns_a_procgen_level_within_4k_steps(tmp_path):
 
 def last_20_mean(run) -> float:
     """Mean return of a run's last 20 training episodes."""
-    returns = [v for _, v, _ in scalars(run)["charts/episodic_return"]]
+    returns = values(run, "charts/episodic_return")
     assert len(returns) >= 20, len(returns)
     return float(np.mean(returns[-20:]))
 
