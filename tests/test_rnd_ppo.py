@@ -7,6 +7,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+from pixel_corridor import LENGTH, PixelCorridor
 
 from conftest import (
     assert_one_error_line,
@@ -235,6 +236,24 @@ def test_montezumas_first_room_is_room_1_at_the_ram_address_the_counter_reads():
 # ---------------------------------------------------------------------------------------------------------------
 # Runs end to end
 # ---------------------------------------------------------------------------------------------------------------
+def test_the_learning_checks_pixel_corridor_steps_as_envpool_atari_does():
+    """The learning check's stand-in for Atari (tests/pixel_corridor.py) keeps envpool's conventions, or the check
+    would test rnd_ppo.py on episodes it never meets: 4 stacked uint8 frames, the end scored in info["reward"] and
+    info["terminated"], the cap a truncation, and the next-step autoreset (the step after a done ignores its action,
+    scores 0 and returns the new episode's first frame in all 4 slots)."""
+    envs = PixelCorridor(num_envs=2, max_episode_steps=LENGTH - 1)
+    obs, _ = envs.reset()
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8 and (obs == obs[:, :1]).all()
+    first = obs[0, 0].copy()
+    for _ in range(LENGTH - 1):  # env 0 walks right (action 0), env 1 stays (action 2)
+        obs, reward, term, trunc, info = envs.step(np.array([0, 2]))
+        assert not (obs[0, -1] == obs[0, -2]).all() and (obs[1] == first).all()
+    assert term.tolist() == [True, False] and trunc.tolist() == [False, True]
+    assert reward.tolist() == [1.0, 0.0] and info["reward"].tolist() == [1.0, 0.0] and info["terminated"].tolist() == [1, 0]
+    obs, reward, term, trunc, _ = envs.step(np.array([0, 0]))  # the reset step: actions ignored
+    assert reward.tolist() == [0.0, 0.0] and not term.any() and not trunc.any() and (obs == first).all()
+
+
 def test_smoke_trains_saves_reloads_and_evaluates(tmp_path):
     flags = [*TINY, "--total-timesteps", "256", "--save-model", "--eval-every", "128", "--eval-episodes", "2"]
     proc = run_algorithm("rnd_ppo", *flags, "--capture-video", cwd=tmp_path)
