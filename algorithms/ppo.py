@@ -113,6 +113,13 @@ class Args:
     reward_clip: bool = True
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
 
+    # --- memory: a recurrent policy ---
+    rnn: Literal["none", "lstm", "gru"] = "none"
+    """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
+    observation does not tell the state (none: the feed-forward policy of the presets' references)"""
+    rnn_size: int = 128
+    """units of the recurrent layer (and of its state)"""
+
     # --- computed at start-up ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
@@ -146,6 +153,7 @@ RANGES = dict(
     vf_coef="[0, inf)",
     max_grad_norm="(0, inf)",
     target_kl="(0, inf)",
+    rnn_size="[1, inf)",
 )
 
 # The settings of CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py, whose published results
@@ -273,13 +281,18 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """Actor-critic chosen from the spaces: Nature CNN (shared trunk) for image observations, two separate
-    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions."""
+    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions. With a
+    recurrent layer (rnn "lstm" or "gru"), it sits between the encoder (the CNN, or nothing for vectors) and the heads
+    (the linear heads, or the two MLPs), and actor and critic share it: CleanRL's ppo_atari_lstm.py (CNN, 512, LSTM,
+    heads) and sb3-contrib's RecurrentPPO with a shared LSTM (observation, LSTM, 64-64 MLPs)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
         super().__init__()
         obs_shape = obs_space.shape
         self.continuous = isinstance(action_space, gym.spaces.Box)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        n_features = 512 if len(obs_shape) == 3 else int(np.prod(obs_shape))
+        n_head = n_features if rnn == "none" else rnn_size
         if len(obs_shape) == 3:  # (C, H, W) uint8 frames; Mnih et al. 2015 Nature CNN
             self.encoder = nn.Sequential(
                 layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
@@ -294,21 +307,20 @@ class Agent(nn.Module):
                 n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
             self.encoder.append(layer_init(nn.Linear(n_flat, 512)))
             self.encoder.append(nn.ReLU())
-            self.actor = layer_init(nn.Linear(512, n_out), std=0.01)
-            self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+            self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
+            self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
             self.scale = 1.0 / 255.0
         else:
-            n_in = int(np.prod(obs_shape))
             self.encoder = nn.Flatten()
             self.actor = nn.Sequential(
-                layer_init(nn.Linear(n_in, 64)),
+                layer_init(nn.Linear(n_head, 64)),
                 nn.Tanh(),
                 layer_init(nn.Linear(64, 64)),
                 nn.Tanh(),
                 layer_init(nn.Linear(64, n_out), std=0.01),
             )
             self.critic = nn.Sequential(
-                layer_init(nn.Linear(n_in, 64)),
+                layer_init(nn.Linear(n_head, 64)),
                 nn.Tanh(),
                 layer_init(nn.Linear(64, 64)),
                 nn.Tanh(),
@@ -318,13 +330,34 @@ class Agent(nn.Module):
         if self.continuous:
             # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
+        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
+        size) for a GRU; None without memory."""
+        if self.memory is None:
+            return None
+        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+
+    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
+        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
+        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
+        features come out (T*B, size)."""
         # frames stay uint8 in storage and become float only here
-        return self.encoder(x.float() * self.scale)
+        if self.memory is None:
+            return self.encoder(x.float() * self.scale), None
+        one_step = starts is None or starts.dim() == 1
+        x = x.unsqueeze(0) if one_step else x
+        h = self.encoder(x.flatten(0, 1).float() * self.scale).unflatten(0, x.shape[:2])
+        state = self.initial_state(x.shape[1], x.device) if state is None else state
+        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+        # without spans, one call per step: right for any starts
+        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+        return h.flatten(0, 1), state
 
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.hidden(x)).squeeze(-1)
+    def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
+        return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
 
     def distribution(self, h: torch.Tensor) -> torch.distributions.Distribution:
         # validate_args=False: argument checks cost a host sync per call on CUDA
@@ -333,8 +366,10 @@ class Agent(nn.Module):
             return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
         return torch.distributions.Categorical(logits=self.actor(h), validate_args=False)
 
-    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False):
-        h = self.hidden(x)
+    def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
+        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, and the
+        memory's state after x (None without memory)."""
+        h, state = self.hidden(x, state, starts, spans)
         dist = self.distribution(h)
         if action is None:
             if deterministic:
@@ -344,7 +379,47 @@ class Agent(nn.Module):
         logprob, entropy = dist.log_prob(action), dist.entropy()
         if self.continuous:
             logprob, entropy = logprob.sum(-1), entropy.sum(-1)
-        return action, logprob, entropy, self.critic(h).squeeze(-1)
+        return action, logprob, entropy, self.critic(h).squeeze(-1), state
+
+
+def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
+    """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
+    ppo_atari_lstm.py initialises its LSTM."""
+    if rnn == "none":
+        return None
+    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
+    for name, param in layer.named_parameters():
+        if name.startswith("bias"):
+            nn.init.constant_(param, 0.0)
+        else:
+            nn.init.orthogonal_(param, 1.0)
+    return layer
+
+
+def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list[int]):
+    """The recurrent layer over (T, B, F) features from `state` (see Agent.initial_state). `starts` (T, B) is 1 at the
+    first observation of an episode: the state is zeroed just before that step, so no memory crosses from one episode
+    into the next. `spans` are the time indices 0 = s_0 < s_1 < ... = T such that no episode starts inside a span
+    except at its first step: each span is one call of the layer (cuDNN's or oneDNN's whole-sequence kernel) instead
+    of one call per step, which is where recurrent PPO spends its time. Returns (T, B, size) outputs and the state
+    after the last step."""
+    outputs = []
+    for a, b in zip(spans[:-1], spans[1:], strict=False):
+        state = state * (1.0 - starts[a]).view(1, -1, 1)
+        if isinstance(memory, nn.LSTM):
+            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
+            state = torch.cat([h, c])
+        else:
+            out, state = memory(x[a:b], state.contiguous())
+        outputs.append(out)
+    return torch.cat(outputs), state
+
+
+def memory_spans(starts: np.ndarray) -> list[int]:
+    """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
+    episode. Computed once per rollout on the host, from flags the loop already has there (no device sync), and valid
+    for any subset of the envs (a span boundary where none of them starts only splits a call)."""
+    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -484,10 +559,11 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
     """The acting step and the minibatch update, the two functions `--compile` hands to torch.compile (LeanRL's
     approach: the same code, traced once); without it they run eagerly, as written here."""
 
-    def update(obs, actions, logprobs, values, advantages, returns, valid):
-        """One minibatch: the PPO loss, its gradient (norm clipped), an Adam step; returns the loss terms."""
+    def update(obs, actions, logprobs, values, advantages, returns, valid, state=None, starts=None, spans=None):
+        """One minibatch: the PPO loss, its gradient (norm clipped), an Adam step; returns the loss terms. With memory,
+        obs are whole sequences (T, B, ...) replayed from `state`, and the other tensors their T*B steps."""
         optimizer.zero_grad(set_to_none=True)
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
         loss, mb_stats = ppo_loss(
             newlogprob, logprobs, entropy, newvalue, values, advantages, returns, valid,
             args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef, args.norm_adv,
@@ -502,6 +578,40 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
         return act, update
     mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
     return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
+
+
+def ppo_update(update, rollout: dict, args: Args, memory: tuple | None = None) -> torch.Tensor:
+    """update_epochs epochs over the (T, N) rollout; returns the mean per minibatch of (policy loss, value loss,
+    entropy, approx KL, clip fraction). Without memory a minibatch is a random sample of steps. With it, `memory` is
+    (the state every env started the rollout with, the episode starts, the spans of run_memory), and a minibatch is a
+    random group of whole envs whose sequences are replayed from that state: the states are rebuilt with the current
+    weights at every epoch, and the first minibatch of the first epoch sees exactly the rollout's probabilities."""
+    device, num_envs = rollout["valid"].device, rollout["valid"].shape[1]
+    flat = {k: v.flatten(0, 1) for k, v in rollout.items()}
+    stats, num_updates = torch.zeros(5, device=device), 0
+    for _epoch in range(args.update_epochs):
+        if memory is None:
+            perm = torch.randperm(args.batch_size, device=device)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = perm[start : start + args.minibatch_size]
+                names = ("obs", "actions", "logprobs", "values", "advantages", "returns", "valid")
+                mb_stats = update(*(flat[k][mb] for k in names))
+                stats += mb_stats
+                num_updates += 1
+        else:
+            state, starts, spans = memory
+            for envs in torch.randperm(num_envs, device=device).split(num_envs // args.num_minibatches):
+                seq = {k: v[:, envs].flatten(0, 1) for k, v in rollout.items() if k != "obs"}
+                mb_stats = update(
+                    rollout["obs"][:, envs], seq["actions"], seq["logprobs"], seq["values"], seq["advantages"],
+                    seq["returns"], seq["valid"], state[:, envs], starts[:, envs], spans,
+                )  # fmt: skip
+                stats += mb_stats
+                num_updates += 1
+        # one host sync per epoch, and only when the early stop is on (Huang et al. 2022, auxiliary detail 3)
+        if args.target_kl is not None and mb_stats[3].item() > args.target_kl:
+            break
+    return stats / num_updates
 
 
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
@@ -525,13 +635,14 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
     envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video is not None)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
             x = normalize_obs(torch.as_tensor(obs, device=device), obs_rms)
-            action = agent.get_action_and_value(x, deterministic=args.eval_deterministic)[0].cpu().numpy()
+            action, _, _, _, state = agent.get_action_and_value(x, deterministic=args.eval_deterministic, state=state)
+            action = action.cpu().numpy()
         if agent.continuous:
             action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
         obs, reward, term, trunc, _ = envs.step(action)
@@ -551,7 +662,7 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     obs_size = int(np.prod(obs_space.shape))
     action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
     with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
-        agent = Agent(obs_space, action_space)
+        agent = Agent(obs_space, action_space, args.rnn, args.rnn_size)
     activations = forward_floats(agent, agent.get_action_and_value, torch.zeros((1,) + obs_space.shape))
     obs_bytes = obs_size * (1 if obs_space.dtype == np.uint8 else 4)
     return {
@@ -576,6 +687,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
+    if args.rnn != "none" and args.compile:
+        fail(
+            f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
+            "and each new length would compile again; leave out --compile and --cudagraphs"
+        )
+    if args.rnn != "none" and args.num_envs % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}: with --rnn a minibatch "
+            "is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
+        )
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -612,7 +733,7 @@ def main(args: Args) -> None:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
 
-    agent = Agent(obs_space, action_space).to(device)
+    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
     # Huang et al. 2022, detail 3; compiled, the rate is a tensor, so that annealing it does not recompile the update
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, eps=1e-5)
@@ -646,6 +767,10 @@ def main(args: Args) -> None:
 
     next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    # memory (None without): the state carried from step to step, zeroed where an episode starts (see run_memory),
+    # and the episode starts of the rollout; a resumed run's envs start new episodes, so it starts from zeros too
+    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    starts = None if state is None else torch.zeros((T, N), device=device)
     discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
 
@@ -657,11 +782,12 @@ def main(args: Args) -> None:
             optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
+        rollout_state = state  # with memory, where the update replays each env's sequence from
         for step in range(T):
             global_step += N
             obs[step] = next_obs
             with torch.no_grad():
-                action, logprob, _, value = act(next_obs)
+                action, logprob, _, value, state = act(next_obs, state=state, starts=next_start)
             actions[step], logprobs[step], values[step] = action, logprob, value
             env_action = action.cpu().numpy()
             if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
@@ -670,6 +796,10 @@ def main(args: Args) -> None:
             done = term | trunc
             step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
             rewards[step], terminations[step], dones[step], valid[step] = step_data
+            if state is not None:
+                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
+                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
+                starts[step], next_start = next_start, 1.0 - valid[step]
             if return_rms is not None:
                 rewards[step], discounted_return = scale_reward(
                     step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
@@ -684,34 +814,22 @@ def main(args: Args) -> None:
 
         # --- advantages ---
         with torch.no_grad():
-            next_value = agent.get_value(next_obs)
+            next_value = agent.get_value(next_obs, state, next_start)
             advantages, returns = compute_gae(
                 rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda
             )
-        b_obs = obs.reshape((-1,) + obs_space.shape)
-        b_actions = actions.reshape((-1,) + action_space.shape)
-        b_logprobs, b_advantages, b_returns, b_values, b_valid = (
-            x.reshape(-1) for x in (logprobs, advantages, returns, values, valid)
-        )
 
         # --- update ---
-        stats, num_updates = torch.zeros(5, device=device), 0
-        for _epoch in range(args.update_epochs):
-            perm = torch.randperm(args.batch_size, device=device)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                mb = perm[start : start + args.minibatch_size]
-                mb_stats = update(
-                    b_obs[mb], b_actions[mb], b_logprobs[mb], b_values[mb], b_advantages[mb], b_returns[mb], b_valid[mb]
-                )
-                stats += mb_stats
-                num_updates += 1
-            # one host sync per epoch, and only when the early stop is on (Huang et al. 2022, auxiliary detail 3)
-            if args.target_kl is not None and mb_stats[3].item() > args.target_kl:
-                break
+        rollout = dict(
+            obs=obs, actions=actions, logprobs=logprobs, values=values, advantages=advantages, returns=returns, valid=valid
+        )
+        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        stats = ppo_update(update, rollout, args, memory)
 
         # --- logging: one host sync per iteration ---
         names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
-        logged = torch.cat([stats / num_updates, explained_variance(b_values, b_returns, b_valid).reshape(1)])
+        ev = explained_variance(values.flatten(), returns.flatten(), valid.flatten())
+        logged = torch.cat([stats, ev.reshape(1)])
         for name, value in zip(names, logged.tolist(), strict=True):
             writer.add_scalar(f"losses/{name}", value, global_step)
         writer.add_scalar("charts/learning_rate", lr, global_step)
@@ -739,7 +857,7 @@ def main(args: Args) -> None:
             model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
         )
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_agent = Agent(obs_space, action_space).to(device)
+        eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
         eval_agent.load_state_dict(state["model"])
         eval_rms = None
         if state["obs_rms"] is not None:
@@ -906,7 +1024,11 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     counted with hooks, on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
     counts = []
     leaves = [m for m in model.modules() if not any(m.children())]
-    hooks = [m.register_forward_hook(lambda m, i, out: counts.append(out.numel())) for m in leaves]
+    # a recurrent layer returns (outputs, state): its outputs are what the backward pass keeps
+    hooks = [
+        m.register_forward_hook(lambda m, i, out: counts.append((out[0] if isinstance(out, tuple) else out).numel()))
+        for m in leaves
+    ]
     with torch.random.fork_rng(), torch.no_grad():
         forward(example)
     for hook in hooks:

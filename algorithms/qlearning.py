@@ -821,7 +821,11 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     counted with hooks, on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
     counts = []
     leaves = [m for m in model.modules() if not any(m.children())]
-    hooks = [m.register_forward_hook(lambda m, i, out: counts.append(out.numel())) for m in leaves]
+    # a recurrent layer returns (outputs, state): its outputs are what the backward pass keeps
+    hooks = [
+        m.register_forward_hook(lambda m, i, out: counts.append((out[0] if isinstance(out, tuple) else out).numel()))
+        for m in leaves
+    ]
     with torch.random.fork_rng(), torch.no_grad():
         forward(example)
     for hook in hooks:
