@@ -112,6 +112,13 @@ class Args:
     reward_clip: bool = True
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
 
+    # --- memory: a recurrent policy ---
+    rnn: Literal["none", "lstm", "gru"] = "none"
+    """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
+    observation does not tell the state (none: the feed-forward policy of the presets' references)"""
+    rnn_size: int = 128
+    """units of the recurrent layer (and of its state)"""
+
     # --- computed at start-up ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
@@ -142,6 +149,7 @@ RANGES = dict(
     ent_coef="[0, inf)",
     vf_coef="[0, inf)",
     max_grad_norm="(0, inf)",
+    rnn_size="[1, inf)",
 )
 
 # rl-baselines3-zoo's hyperparams/a2c.yml on top of SB3's A2C defaults (lr 7e-4, 5 steps, gamma 0.99, lambda 1,
@@ -263,13 +271,18 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """Actor-critic chosen from the spaces: Nature CNN (shared trunk) for image observations, two separate
-    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions."""
+    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions. With a
+    recurrent layer (rnn "lstm" or "gru"), it sits between the encoder (the CNN, or nothing for vectors) and the heads
+    (the linear heads, or the two MLPs), and actor and critic share it: CleanRL's ppo_atari_lstm.py (CNN, 512, LSTM,
+    heads) and sb3-contrib's RecurrentPPO with a shared LSTM (observation, LSTM, 64-64 MLPs)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
         super().__init__()
         obs_shape = obs_space.shape
         self.continuous = isinstance(action_space, gym.spaces.Box)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        n_features = 512 if len(obs_shape) == 3 else int(np.prod(obs_shape))
+        n_head = n_features if rnn == "none" else rnn_size
         if len(obs_shape) == 3:  # (C, H, W) uint8 frames; Mnih et al. 2015 Nature CNN
             self.encoder = nn.Sequential(
                 layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
@@ -284,21 +297,20 @@ class Agent(nn.Module):
                 n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
             self.encoder.append(layer_init(nn.Linear(n_flat, 512)))
             self.encoder.append(nn.ReLU())
-            self.actor = layer_init(nn.Linear(512, n_out), std=0.01)
-            self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+            self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
+            self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
             self.scale = 1.0 / 255.0
         else:
-            n_in = int(np.prod(obs_shape))
             self.encoder = nn.Flatten()
             self.actor = nn.Sequential(
-                layer_init(nn.Linear(n_in, 64)),
+                layer_init(nn.Linear(n_head, 64)),
                 nn.Tanh(),
                 layer_init(nn.Linear(64, 64)),
                 nn.Tanh(),
                 layer_init(nn.Linear(64, n_out), std=0.01),
             )
             self.critic = nn.Sequential(
-                layer_init(nn.Linear(n_in, 64)),
+                layer_init(nn.Linear(n_head, 64)),
                 nn.Tanh(),
                 layer_init(nn.Linear(64, 64)),
                 nn.Tanh(),
@@ -308,13 +320,37 @@ class Agent(nn.Module):
         if self.continuous:
             # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
         # frames stay uint8 in storage and become float only here
         return self.encoder(x.float() * self.scale)
 
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.hidden(x)).squeeze(-1)
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
+        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
+        size) for a GRU; None without memory."""
+        if self.memory is None:
+            return None
+        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+
+    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
+        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
+        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
+        features come out (T*B, size)."""
+        if self.memory is None:
+            return self.encode(x), None
+        one_step = starts is None or starts.dim() == 1
+        x = x.unsqueeze(0) if one_step else x
+        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        state = self.initial_state(x.shape[1], x.device) if state is None else state
+        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+        # without spans, one call per step: right for any starts
+        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+        return h.flatten(0, 1), state
+
+    def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
+        return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
 
     def distribution(self, h: torch.Tensor) -> torch.distributions.Distribution:
         # validate_args=False: argument checks cost a host sync per call on CUDA
@@ -323,8 +359,10 @@ class Agent(nn.Module):
             return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
         return torch.distributions.Categorical(logits=self.actor(h), validate_args=False)
 
-    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None, deterministic: bool = False):
-        h = self.hidden(x)
+    def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
+        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, and the
+        memory's state after x (None without memory)."""
+        h, state = self.hidden(x, state, starts, spans)
         dist = self.distribution(h)
         if action is None:
             if deterministic:
@@ -334,7 +372,47 @@ class Agent(nn.Module):
         logprob, entropy = dist.log_prob(action), dist.entropy()
         if self.continuous:
             logprob, entropy = logprob.sum(-1), entropy.sum(-1)
-        return action, logprob, entropy, self.critic(h).squeeze(-1)
+        return action, logprob, entropy, self.critic(h).squeeze(-1), state
+
+
+def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
+    """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
+    ppo_atari_lstm.py initialises its LSTM."""
+    if rnn == "none":
+        return None
+    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
+    for name, param in layer.named_parameters():
+        if name.startswith("bias"):
+            nn.init.constant_(param, 0.0)
+        else:
+            nn.init.orthogonal_(param, 1.0)
+    return layer
+
+
+def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list[int]):
+    """The recurrent layer over (T, B, F) features from `state` (see Agent.initial_state). `starts` (T, B) is 1 at the
+    first observation of an episode: the state is zeroed just before that step, so no memory crosses from one episode
+    into the next. `spans` are the time indices 0 = s_0 < s_1 < ... = T such that no episode starts inside a span
+    except at its first step: each span is one call of the layer (cuDNN's or oneDNN's whole-sequence kernel) instead
+    of one call per step, which is where recurrent PPO spends its time. Returns (T, B, size) outputs and the state
+    after the last step."""
+    outputs = []
+    for a, b in zip(spans[:-1], spans[1:], strict=False):
+        state = state * (1.0 - starts[a]).view(1, -1, 1)
+        if isinstance(memory, nn.LSTM):
+            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
+            state = torch.cat([h, c])
+        else:
+            out, state = memory(x[a:b], state.contiguous())
+        outputs.append(out)
+    return torch.cat(outputs), state
+
+
+def memory_spans(starts: np.ndarray) -> list[int]:
+    """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
+    episode. Computed once per rollout on the host, from flags the loop already has there (no device sync), and valid
+    for any subset of the envs (a span boundary where none of them starts only splits a call)."""
+    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -494,10 +572,11 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
     """The acting step and the update, the two functions `--compile` hands to torch.compile (LeanRL's approach: the
     same code, traced once); without it they run eagerly, as written here."""
 
-    def update(obs, actions, advantages, returns, valid):
-        """The whole rollout: the A2C loss, its gradient (norm clipped), an RMSprop step; returns the loss terms."""
+    def update(obs, actions, advantages, returns, valid, state=None, starts=None, spans=None):
+        """The whole rollout: the A2C loss, its gradient (norm clipped), an RMSprop step; returns the loss terms. With
+        memory, obs are the envs' sequences (T, N, ...) replayed from `state`, and the other tensors their T*N steps."""
         optimizer.zero_grad(set_to_none=True)
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
         loss, step_stats = a2c_loss(
             newlogprob, entropy, newvalue, advantages, returns, valid, args.ent_coef, args.vf_coef, args.norm_adv
         )
@@ -534,13 +613,14 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
     envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video is not None)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
             x = normalize_obs(torch.as_tensor(obs, device=device), obs_rms)
-            action = agent.get_action_and_value(x, deterministic=args.eval_deterministic)[0].cpu().numpy()
+            action, _, _, _, state = agent.get_action_and_value(x, deterministic=args.eval_deterministic, state=state)
+            action = action.cpu().numpy()
         if agent.continuous:
             action = np.clip(action, envs.single_action_space.low, envs.single_action_space.high)
         obs, reward, term, trunc, _ = envs.step(action)
@@ -560,7 +640,7 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     obs_size = int(np.prod(obs_space.shape))
     action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
     with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
-        agent = Agent(obs_space, action_space)
+        agent = Agent(obs_space, action_space, args.rnn, args.rnn_size)
     activations = forward_floats(agent, agent.get_action_and_value, torch.zeros((1,) + obs_space.shape))
     obs_bytes = obs_size * (1 if obs_space.dtype == np.uint8 else 4)
     return {
@@ -584,6 +664,11 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
+    if args.rnn != "none" and args.compile:
+        fail(
+            f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
+            "and each new length would compile again; leave out --compile and --cudagraphs"
+        )
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
@@ -614,7 +699,7 @@ def main(args: Args) -> None:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
 
-    agent = Agent(obs_space, action_space).to(device)
+    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
     optimizer = make_optimizer(agent.parameters(), args)
     if args.compile:  # the rate as a tensor, so that annealing it does not recompile the update
         optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=device)
@@ -648,6 +733,11 @@ def main(args: Args) -> None:
 
     next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    # memory (None without): the state carried from step to step and across rollouts (truncated backpropagation through
+    # each rollout), zeroed where an episode starts (see run_memory), and the episode starts of the rollout; a resumed
+    # run's envs start new episodes, so it starts from zeros too
+    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    starts = None if state is None else torch.zeros((T, N), device=device)
     discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     stats, num_updates = torch.zeros(3, device=device), 0  # summed over the log interval, on the device
@@ -660,11 +750,12 @@ def main(args: Args) -> None:
             optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
+        rollout_state = state  # with memory, where the update replays each env's sequence from
         for step in range(T):
             global_step += N
             obs[step] = next_obs
             with torch.no_grad():
-                action, _, _, value = act(next_obs)
+                action, _, _, value, state = act(next_obs, state=state, starts=next_start)
             actions[step], values[step] = action, value
             env_action = action.cpu().numpy()
             if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
@@ -673,6 +764,10 @@ def main(args: Args) -> None:
             done = term | trunc
             step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
             rewards[step], terminations[step], dones[step], valid[step] = step_data
+            if state is not None:
+                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
+                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
+                starts[step], next_start = next_start, 1.0 - valid[step]
             if return_rms is not None:
                 rewards[step], discounted_return = scale_reward(
                     step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
@@ -687,16 +782,16 @@ def main(args: Args) -> None:
 
         # --- n-step returns (GAE with lambda 1 by default) ---
         with torch.no_grad():
-            next_value = agent.get_value(next_obs)
+            next_value = agent.get_value(next_obs, state, next_start)
             advantages, returns = compute_gae(
                 rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda
             )
-        b_obs = obs.reshape((-1,) + obs_space.shape)
         b_actions = actions.reshape((-1,) + action_space.shape)
         b_advantages, b_returns, b_values, b_valid = (x.reshape(-1) for x in (advantages, returns, values, valid))
 
-        # --- update: one gradient step on the whole rollout ---
-        stats += update(b_obs, b_actions, b_advantages, b_returns, b_valid)
+        # --- update: one gradient step on the whole rollout (with memory, its sequences from the rollout's state) ---
+        memory = () if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        stats += update(obs.flatten(0, 1) if state is None else obs, b_actions, b_advantages, b_returns, b_valid, *memory)
         num_updates += 1
 
         # --- logging: one host sync per log interval, since 5-step rollouts make an iteration short ---
@@ -732,7 +827,7 @@ def main(args: Args) -> None:
             model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
         )
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_agent = Agent(obs_space, action_space).to(device)
+        eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
         eval_agent.load_state_dict(state["model"])
         eval_rms = None
         if state["obs_rms"] is not None:

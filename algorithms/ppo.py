@@ -332,6 +332,10 @@ class Agent(nn.Module):
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float only here
+        return self.encoder(x.float() * self.scale)
+
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
         size) for a GRU; None without memory."""
@@ -344,12 +348,11 @@ class Agent(nn.Module):
         With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
         the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
         features come out (T*B, size)."""
-        # frames stay uint8 in storage and become float only here
         if self.memory is None:
-            return self.encoder(x.float() * self.scale), None
+            return self.encode(x), None
         one_step = starts is None or starts.dim() == 1
         x = x.unsqueeze(0) if one_step else x
-        h = self.encoder(x.flatten(0, 1).float() * self.scale).unflatten(0, x.shape[:2])
+        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
         state = self.initial_state(x.shape[1], x.device) if state is None else state
         starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
         # without spans, one call per step: right for any starts

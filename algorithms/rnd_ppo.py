@@ -14,6 +14,7 @@ import time
 import typing
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import envpool
 import gymnasium as gym
@@ -121,6 +122,13 @@ class Args:
     """observations per forward/backward pass inside a minibatch; gradients add up to the whole minibatch's, so the
     update is the same (0: 256 on CPU, which keeps activations small; the whole minibatch on CUDA)"""
 
+    # --- memory: a recurrent policy ---
+    rnn: Literal["none", "lstm", "gru"] = "none"
+    """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
+    observation does not tell the state (none: the paper's feed-forward policy); the RND networks stay feed-forward"""
+    rnn_size: int = 128
+    """units of the recurrent layer (and of its state)"""
+
     # --- computed at start-up ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
@@ -161,6 +169,7 @@ RANGES = dict(
     update_proportion="(0, 1]",
     num_iterations_obs_norm_init="[0, inf)",
     chunk_size="[0, inf)",
+    rnn_size="[1, inf)",
 )
 
 # The defaults above are the paper's and the reference's (openai/random-network-distillation), each with its source:
@@ -276,9 +285,11 @@ class Agent(nn.Module):
     """The reference's CnnPolicy (policies/cnn_policy_param_matched.py, 'normal' size, extrahid): three convolutions
     (the third 4x4; CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and for the
     two value heads (extrinsic and intrinsic). Orthogonal init as the reference's: sqrt(2) in the trunk, 0.1 in the
-    residual layers, 0.01 on the heads."""
+    residual layers, 0.01 on the heads. With a recurrent layer (rnn "lstm" or "gru") it sits between the trunk and the
+    residual layers, shared by the policy and both value heads, as in ppo.py (the paper's recurrent policy, Table 5 of
+    Burda et al. 2019, has one GRU there; its RND networks stay feed-forward on single frames, as here)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
         super().__init__()
         self.trunk = nn.Sequential(
             layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)),
@@ -292,27 +303,97 @@ class Agent(nn.Module):
         with torch.no_grad():
             n_flat = self.trunk(torch.zeros(1, *obs_space.shape)).shape[1]
         self.trunk.extend([layer_init(nn.Linear(n_flat, 256)), nn.ReLU(), layer_init(nn.Linear(256, 448)), nn.ReLU()])
-        self.extra_policy = layer_init(nn.Linear(448, 448), std=0.1)
-        self.extra_value = layer_init(nn.Linear(448, 448), std=0.1)
-        self.actor = layer_init(nn.Linear(448, int(action_space.n)), std=0.01)
-        self.critic_ext = layer_init(nn.Linear(448, 1), std=0.01)
-        self.critic_int = layer_init(nn.Linear(448, 1), std=0.01)
+        n_head = 448 if rnn == "none" else rnn_size
+        self.extra_policy = layer_init(nn.Linear(n_head, n_head), std=0.1)
+        self.extra_value = layer_init(nn.Linear(n_head, n_head), std=0.1)
+        self.actor = layer_init(nn.Linear(n_head, int(action_space.n)), std=0.01)
+        self.critic_ext = layer_init(nn.Linear(n_head, 1), std=0.01)
+        self.critic_int = layer_init(nn.Linear(n_head, 1), std=0.01)
+        self.memory = recurrent_layer(rnn, 448, rnn_size)  # last: a feed-forward agent draws the same weights
         # channels-last convolutions: 25-30% faster on a CPU (oneDNN; measured on one core), and suit tensor cores
         self.to(memory_format=torch.channels_last)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Policy logits, extrinsic value and intrinsic value; frames stay uint8 in storage and become float only here."""
-        h = self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
-        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
-        return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1)
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float only here
+        return self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
 
-    def act(self, x: torch.Tensor, deterministic: bool = False):
-        """Action, its log-probability, and both values, for one step of all envs."""
-        logits, ext_value, int_value = self(x)
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
+        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
+        size) for a GRU; None without memory."""
+        if self.memory is None:
+            return None
+        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+
+    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
+        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
+        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
+        features come out (T*B, size)."""
+        if self.memory is None:
+            return self.encode(x), None
+        one_step = starts is None or starts.dim() == 1
+        x = x.unsqueeze(0) if one_step else x
+        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        state = self.initial_state(x.shape[1], x.device) if state is None else state
+        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+        # without spans, one call per step: right for any starts
+        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+        return h.flatten(0, 1), state
+
+    def forward(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """Policy logits, extrinsic value, intrinsic value, and the memory's state after x (None without memory; see
+        hidden)."""
+        h, state = self.hidden(x, state, starts, spans)
+        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
+        return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1), state
+
+    def act(self, x: torch.Tensor, deterministic: bool = False, state=None, starts=None):
+        """Action, its log-probability, both values and the memory's state, for one step of all envs."""
+        logits, ext_value, int_value, state = self(x, state, starts)
         # validate_args=False: argument checks cost a host sync per call on CUDA
         dist = torch.distributions.Categorical(logits=logits, validate_args=False)
         action = logits.argmax(-1) if deterministic else dist.sample()
-        return action, dist.log_prob(action), ext_value, int_value
+        return action, dist.log_prob(action), ext_value, int_value, state
+
+
+def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
+    """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
+    ppo_atari_lstm.py initialises its LSTM."""
+    if rnn == "none":
+        return None
+    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
+    for name, param in layer.named_parameters():
+        if name.startswith("bias"):
+            nn.init.constant_(param, 0.0)
+        else:
+            nn.init.orthogonal_(param, 1.0)
+    return layer
+
+
+def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list[int]):
+    """The recurrent layer over (T, B, F) features from `state` (see Agent.initial_state). `starts` (T, B) is 1 at the
+    first observation of an episode: the state is zeroed just before that step, so no memory crosses from one episode
+    into the next. `spans` are the time indices 0 = s_0 < s_1 < ... = T such that no episode starts inside a span
+    except at its first step: each span is one call of the layer (cuDNN's or oneDNN's whole-sequence kernel) instead
+    of one call per step, which is where recurrent PPO spends its time. Returns (T, B, size) outputs and the state
+    after the last step."""
+    outputs = []
+    for a, b in zip(spans[:-1], spans[1:], strict=False):
+        state = state * (1.0 - starts[a]).view(1, -1, 1)
+        if isinstance(memory, nn.LSTM):
+            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
+            state = torch.cat([h, c])
+        else:
+            out, state = memory(x[a:b], state.contiguous())
+        outputs.append(out)
+    return torch.cat(outputs), state
+
+
+def memory_spans(starts: np.ndarray) -> list[int]:
+    """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
+    episode. Computed once per rollout on the host, from flags the loop already has there (no device sync), and valid
+    for any subset of the envs (a span boundary where none of them starts only splits a call)."""
+    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 
 def rnd_network(predictor: bool) -> nn.Sequential:
@@ -542,8 +623,10 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
     chunks' gradients add up) and the optimiser step, the functions `--compile` hands to torch.compile (LeanRL's approach:
     the same code, traced once); without it they run eagerly, as written here."""
 
-    def ppo_chunk(obs, actions, logprobs, advantages, ext_returns, int_returns, valid, count):
-        logits, ext_value, int_value = agent(obs)
+    def ppo_chunk(obs, actions, logprobs, advantages, ext_returns, int_returns, valid, count, *memory):
+        # with memory (state, starts, spans), obs come as T * envs steps, time first: replayed as (T, envs) sequences
+        obs = obs.unflatten(0, (memory[1].shape[0], -1)) if memory else obs
+        logits, ext_value, int_value, _ = agent(obs, *memory)
         loss, sums = rnd_ppo_loss(
             logits, actions, logprobs, advantages, ext_value, int_value, ext_returns, int_returns, valid, count, args
         )
@@ -571,27 +654,50 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
     return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
 
 
-def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args):
-    """update_epochs epochs of random minibatches; each minibatch in chunks whose gradients add up: the PPO loss on all
-    of it, the predictor's loss on its first update_proportion (a random subset: the minibatch is a slice of a random
-    permutation; the reference draws each entry with that probability), one optimiser step for both. Returns the mean
-    per minibatch of (policy loss, ext value loss, int value loss, entropy, approx KL, clip fraction, RND loss)."""
+def minibatches(args: Args, device: torch.device, memory: tuple | None):
+    """The minibatches of one epoch, each as (its batch indices, its chunks, the indices of its frames the predictor
+    trains on), a chunk as (batch indices, positions in the minibatch, memory arguments). Without memory: random steps,
+    in chunks of chunk_size steps, the predictor on the first update_proportion (a random subset, since the minibatch
+    is a slice of a random permutation; the reference draws each entry with that probability). With memory (the
+    state every env started the rollout with, the episode starts, the spans of run_memory): random groups of whole
+    envs, time first, in chunks of whole envs (chunk_size steps' worth, at least one env) replayed from that state."""
+    num_predicted = max(1, round(args.update_proportion * args.minibatch_size))
+    if memory is None:
+        for mb in torch.randperm(args.batch_size, device=device).split(args.minibatch_size):
+            chunks = [
+                (mb[i : i + args.chunk_size], slice(i, i + args.chunk_size), ()) for i in range(0, len(mb), args.chunk_size)
+            ]
+            yield mb, chunks, mb[:num_predicted]
+        return
+    state, starts, spans = memory
+    (T, N), time = starts.shape, torch.arange(starts.shape[0], device=device)[:, None]
+    for group in torch.randperm(N, device=device).split(N // args.num_minibatches):
+        mb = (time * N + group).flatten()  # step t of env e is entry t * N + e of the flattened rollout
+        size, chunks = max(1, args.chunk_size // T), []
+        for j in range(0, len(group), size):
+            envs = group[j : j + size]
+            rows = (time * len(group) + torch.arange(j, j + len(envs), device=device)).flatten()
+            chunks.append((mb[rows], rows, (state[:, envs], starts[:, envs], spans)))
+        yield mb, chunks, mb[torch.randperm(len(mb), device=device)[:num_predicted]]
+
+
+def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args, memory: tuple | None = None):
+    """update_epochs epochs of minibatches (see minibatches); each minibatch in chunks whose gradients add up: the PPO
+    loss on all of it, the predictor's loss on its chosen frames, one optimiser step for both. Returns the mean per
+    minibatch of (policy loss, ext value loss, int value loss, entropy, approx KL, clip fraction, RND loss)."""
     device, chunk = batch["valid"].device, args.chunk_size
     stats, num_updates = torch.zeros(7, device=device), 0
-    num_predicted = max(1, round(args.update_proportion * args.minibatch_size))
     for _epoch in range(args.update_epochs):
-        for mb in torch.randperm(args.batch_size, device=device).split(args.minibatch_size):
+        for mb, chunks, chosen in minibatches(args, device, memory):
             valid = batch["valid"][mb]
             count, advantages = valid.sum().clamp(min=1.0), batch["advantages"][mb]
             if args.norm_adv:
                 advantages = standardize(advantages, valid)
-            for i in range(0, len(mb), chunk):
-                c = mb[i : i + chunk]
+            for c, rows, seq in chunks:
                 stats[:6] += steps["ppo_chunk"](
-                    batch["obs"][c], batch["actions"][c], batch["logprobs"][c], advantages[i : i + chunk],
-                    batch["ext_returns"][c], batch["int_returns"][c], valid[i : i + chunk], count,
+                    batch["obs"][c], batch["actions"][c], batch["logprobs"][c], advantages[rows],
+                    batch["ext_returns"][c], batch["int_returns"][c], valid[rows], count, *seq,
                 )  # fmt: skip
-            chosen = mb[:num_predicted]
             predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
             for c in chosen.split(chunk):
                 x = normalize_frames(batch["frames"][c], obs_rms)
@@ -634,18 +740,46 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
     )
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
-            action = agent.act(torch.as_tensor(obs, device=device), args.eval_deterministic)[0].cpu().numpy()
+            action, _, _, _, state = agent.act(torch.as_tensor(obs, device=device), args.eval_deterministic, state)
+            action = action.cpu().numpy()
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
     envs.close()
     write_video(video, frames)
     return returns
+
+
+def restore(ckpt: dict, agent: Agent, rnd: RNDModel, optimizer, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, device):
+    """A checkpoint's networks, optimiser, statistics and RNG state put back; returns the intrinsic reward filter's
+    state, the rooms seen, the step and the iteration to go on from."""
+    agent.load_state_dict(ckpt["model"])
+    rnd.load_state_dict(ckpt["rnd"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    obs_rms.load_state_dict(ckpt["obs_rms"])
+    reward_rms.load_state_dict(ckpt["reward_rms"])
+    restore_rng(ckpt["rng"], device)
+    return ckpt["rewems"].to(device), ckpt["rooms_seen"].copy(), ckpt["global_step"], ckpt["iteration"] + 1
+
+
+def log_update(writer: SummaryWriter, stats: torch.Tensor, explained: tuple, mean_int_reward, valid, lr: float, step: int):
+    """The update's loss terms, the explained variance of both value heads (`explained`: ext values, ext returns, int
+    values, int returns), the mean intrinsic reward and the learning rate, in one host sync."""
+    names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac", "rnd_loss")
+    ext_values, ext_returns, int_values, int_returns = explained
+    *losses, mean_int_reward = torch.cat([
+        stats, explained_variance(ext_values, ext_returns, valid).reshape(1),
+        explained_variance(int_values, int_returns, valid).reshape(1), mean_int_reward.reshape(1),
+    ]).tolist()  # fmt: skip
+    for name, value in zip(names + ("explained_variance", "int_explained_variance"), losses, strict=True):
+        writer.add_scalar(f"losses/{name}", value, step)
+    writer.add_scalar("charts/intrinsic_reward", mean_int_reward, step)
+    writer.add_scalar("charts/learning_rate", lr, step)
 
 
 def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
@@ -666,7 +800,7 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
     obs_size, frame_size = int(np.prod(obs_space.shape)), int(np.prod(obs_space.shape[1:]))
     with torch.random.fork_rng():  # throwaway networks: the run's seeded generators stay as they are
-        agent, rnd = Agent(obs_space, action_space), RNDModel()
+        agent, rnd = Agent(obs_space, action_space, args.rnn, args.rnn_size), RNDModel()
     activations = forward_floats(agent, agent, torch.zeros((1,) + obs_space.shape, dtype=torch.uint8))
     activations += forward_floats(rnd, rnd.error, torch.zeros((1, 1) + obs_space.shape[1:]))
     return {
@@ -683,6 +817,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
+    if args.rnn != "none" and args.compile:
+        fail(
+            f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
+            "and each new length would compile again; leave out --compile and --cudagraphs"
+        )
+    if args.rnn != "none" and args.num_envs % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}: with --rnn a minibatch "
+            "is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
+        )
     is_atari = args.env_id in envpool.list_all_envs() and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")
     if not is_atari:
         shape = obs_space.shape or ()
@@ -724,7 +868,7 @@ def main(args: Args) -> None:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
 
-    agent, rnd = Agent(obs_space, action_space).to(device), RNDModel().to(device)
+    agent, rnd = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
     # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam;
     # compiled, the rate is a tensor, so that annealing it does not recompile the optimiser step
@@ -735,14 +879,7 @@ def main(args: Args) -> None:
     rewems, rooms_seen = torch.zeros(args.num_envs, device=device), np.zeros(256, dtype=bool)
     global_step, start_iteration = 0, 1
     if ckpt:
-        agent.load_state_dict(ckpt["model"])
-        rnd.load_state_dict(ckpt["rnd"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        obs_rms.load_state_dict(ckpt["obs_rms"])
-        reward_rms.load_state_dict(ckpt["reward_rms"])
-        rewems, rooms_seen = ckpt["rewems"].to(device), ckpt["rooms_seen"].copy()
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        restore_rng(ckpt["rng"], device)
+        rewems, rooms_seen, global_step, start_iteration = restore(ckpt, agent, rnd, optimizer, obs_rms, reward_rms, device)
         print(f"resumed {run_dir} at step {global_step:,}")
     writer = open_writer(run_dir, args, global_step if ckpt else None)
     stop = stop_requests()
@@ -766,6 +903,10 @@ def main(args: Args) -> None:
         writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    # memory (None without): the state carried from step to step, zeroed where an episode starts (see run_memory),
+    # and the episode starts of the rollout; a resumed run's envs start new episodes, so it starts from zeros too
+    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    starts = None if state is None else torch.zeros((T, N), device=device)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     address, episode_rooms = room_address(args.env_id), np.zeros((N, 256), dtype=bool)
     progress = Progress(args, global_step, args.total_timesteps)
@@ -778,17 +919,24 @@ def main(args: Args) -> None:
             optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
+        rollout_state = state  # with memory, where the update replays each env's sequence from
         for step in range(T):
             global_step += N
             obs[step] = next_obs
             with torch.no_grad():
-                actions[step], logprobs[step], ext_values[step], int_values[step] = steps["act"](next_obs)
+                actions[step], logprobs[step], ext_values[step], int_values[step], state = steps["act"](
+                    next_obs, False, state, next_start
+                )
             next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
             done = term | trunc
             # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
             trained = np.sign(reward) if args.reward_clip else reward
             step_data = torch.as_tensor(np.stack([trained, term, done, next_valid]), dtype=torch.float32, device=device)
             rewards[step], terminations[step], dones[step], valid[step] = step_data
+            if state is not None:
+                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
+                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
+                starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = torch.as_tensor(next_obs_np, device=device)
             frames[step] = next_obs[:, -1:]
             episode_end, score = game_end_and_score(reward, term, trunc, info, True)
@@ -809,7 +957,7 @@ def main(args: Args) -> None:
             int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
             int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma)
             update_frame_stats(obs_rms, frames.flatten(0, 1))
-            _, next_ext_value, next_int_value = agent(next_obs)
+            _, next_ext_value, next_int_value, _ = agent(next_obs, state, next_start)
             ext_advantages, ext_returns = compute_gae(
                 rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
             )
@@ -823,18 +971,12 @@ def main(args: Args) -> None:
         )  # fmt: skip
 
         # --- update: PPO and the predictor ---
-        stats = rnd_ppo_update(steps, batch, obs_rms, args)
+        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
 
         # --- logging: one host sync per iteration ---
-        names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac", "rnd_loss")
-        *losses, mean_int_reward = torch.cat([
-            stats, explained_variance(ext_values, ext_returns, valid).reshape(1),
-            explained_variance(int_values, int_returns, valid).reshape(1), masked_mean(int_rewards, valid).reshape(1),
-        ]).tolist()  # fmt: skip
-        for name, value in zip(names + ("explained_variance", "int_explained_variance"), losses, strict=True):
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/intrinsic_reward", mean_int_reward, global_step)
-        writer.add_scalar("charts/learning_rate", lr, global_step)
+        explained = ext_values, ext_returns, int_values, int_returns
+        log_update(writer, stats, explained, masked_mean(int_rewards, valid), valid, lr, global_step)
         extra = ""
         if address is not None:
             writer.add_scalar("charts/rooms_visited_total", int(rooms_seen.sum()), global_step)
@@ -860,7 +1002,7 @@ def main(args: Args) -> None:
         model_path = os.path.join(run_dir, "rnd_ppo.model")
         save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_agent = Agent(obs_space, action_space).to(device)
+        eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
         eval_agent.load_state_dict(state["model"])
         log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
     finish(writer, run_dir)

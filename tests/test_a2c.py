@@ -104,16 +104,23 @@ def test_nstep_returns_match_reference_on_random_episodes(seed):
 # ---------------------------------------------------------------------------------------------------------------
 # The loss, and PPO's at ratio 1
 # ---------------------------------------------------------------------------------------------------------------
-def batch(obs_space, action_space, n=32, seed=0):
-    """An agent and a rollout-shaped batch for it, with a few masked (reset-step) entries."""
+def batch(obs_space, action_space, rnn="none", n=32, seed=0):
+    """An agent and a rollout-shaped batch for it, with a few masked (reset-step) entries. With memory, the
+    observations are 4 envs' sequences of n / 4 steps with episode starts inside, replayed from a random state (the
+    memory arguments of get_action_and_value; empty without)."""
     torch.manual_seed(seed)
-    agent = a2c.Agent(obs_space, action_space)
+    agent = a2c.Agent(obs_space, action_space, rnn, 16)
     obs = torch.as_tensor(np.stack([obs_space.sample() for _ in range(n)]), dtype=torch.float32)
+    memory = ()
+    if rnn != "none":
+        obs = obs.view(n // 4, 4, -1)
+        starts = (torch.rand(n // 4, 4) < 0.2).float()
+        memory = (torch.randn(2 if rnn == "lstm" else 1, 4, 16), starts, a2c.memory_spans(starts.numpy() > 0))
     with torch.no_grad():
-        actions = agent.get_action_and_value(obs)[0]
+        actions = agent.get_action_and_value(obs, None, False, *memory)[0]
     advantages, returns = torch.randn(n), torch.randn(n)
     mask = (torch.rand(n) > 0.2).float()
-    return agent, obs, actions, advantages, returns, mask
+    return agent, obs, actions, advantages, returns, mask, memory
 
 
 def grads(agent, loss):
@@ -128,17 +135,19 @@ SPACES = {
 }
 
 
+@pytest.mark.parametrize("rnn", ["none", "lstm", "gru"])
 @pytest.mark.parametrize("space", SPACES)
 @pytest.mark.parametrize("ent_coef, vf_coef, norm_adv", [(0.0, 0.0, False), (0.01, 0.5, False), (0.01, 0.25, True)])
-def test_ppo_with_one_epoch_one_minibatch_has_the_a2c_gradient(space, ent_coef, vf_coef, norm_adv):
+def test_ppo_with_one_epoch_one_minibatch_has_the_a2c_gradient(space, ent_coef, vf_coef, norm_adv, rnn):
     """Huang et al. 2022, "A2C is a special case of PPO": on the rollout it was collected with, PPO's ratio is 1, so
     clipping is inactive and the gradient of ratio * A is that of logprob * A. ppo.py halves its squared error and
-    a2c.py does not (as SB3), so PPO's vf_coef is twice A2C's; advantage normalisation is the same code in both."""
-    agent, obs, actions, advantages, returns, mask = batch(*SPACES[space])
-    _, logprob, entropy, value = agent.get_action_and_value(obs, actions)
+    a2c.py does not (as SB3), so PPO's vf_coef is twice A2C's; advantage normalisation is the same code in both. With
+    memory the gradients flow back through the replayed sequences (episode starts inside), the same in both."""
+    agent, obs, actions, advantages, returns, mask, memory = batch(*SPACES[space], rnn)
+    _, logprob, entropy, value, _ = agent.get_action_and_value(obs, actions, False, *memory)
     a2c_loss, _ = a2c.a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef, vf_coef, norm_adv)
     a2c_grads = grads(agent, a2c_loss)
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, *memory)
     ppo_loss, stats = ppo.ppo_loss(
         newlogprob, newlogprob.detach(), entropy, newvalue, newvalue.detach(), advantages, returns, mask,
         clip_coef=0.2, clip_vloss=False, ent_coef=ent_coef, vf_coef=2 * vf_coef, norm_adv=norm_adv,
@@ -201,7 +210,7 @@ def test_compiled_update_and_acting_step_equal_the_eager_ones():
         act, update = a2c.training_steps(agent, optimizer, args)
         before = flat_params(agent)
         with torch.no_grad():
-            _, logprob, entropy, value = act(obs, actions)
+            _, logprob, entropy, value, _ = act(obs, actions)
         stats = torch.stack([update(obs, actions, advantages, returns, valid) for _ in range(3)])
         results.append((logprob, entropy, value, stats, flat_params(agent)))
     for eager, compiled in zip(*results, strict=True):

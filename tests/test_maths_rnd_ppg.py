@@ -593,7 +593,7 @@ def test_main_mixes_ext_coef_times_the_extrinsic_advantage_with_int_coef_times_t
         seen["int_gamma"] = a[-2]
         return int_adv.clone(), int_ret.clone()
 
-    def fake_update(steps, batch, obs_rms, args):
+    def fake_update(steps, batch, obs_rms, args, memory=None):
         seen["batch"] = {k: v.clone() for k, v in batch.items()}
         return torch.zeros(7)
 

@@ -7,7 +7,7 @@ import torch
 
 from conftest import CPU, assert_one_error_line, load_algorithm, only_run, run_algorithm, run_bad_input, scalars, stop_run
 
-ppo = load_algorithm("ppo")
+ppo, a2c, rnd_ppo = load_algorithm("ppo"), load_algorithm("a2c"), load_algorithm("rnd_ppo")
 
 
 def step_by_step(memory, x, state, starts):
@@ -153,31 +153,90 @@ def test_evaluation_carries_the_state_from_zeros_through_each_episode():
     assert not (returned[-1] == 0).all()
 
 
+RND_TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--num-iterations-obs-norm-init", "1",
+            "--max-episode-steps", "40", "--total-timesteps", "256"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "env_id, rnn, flags",
+    "script, env_id, rnn, flags",
     [
-        ("CartPole-v1", "lstm", ["--total-timesteps", "1024"]),
-        ("CartPole-v1", "gru", ["--total-timesteps", "1024"]),
+        ("ppo", "CartPole-v1", "lstm", ["--total-timesteps", "1024"]),
+        ("ppo", "CartPole-v1", "gru", ["--total-timesteps", "1024"]),
         (
+            "ppo",
             "Pendulum-v1",
             "lstm",
             ["--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "512", "--num-minibatches", "2"],
         ),
         (
+            "ppo",
             "Breakout-v5",
             "lstm",
             ["--total-timesteps", "256", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"],
         ),
+        ("a2c", "CartPole-v1", "lstm", ["--total-timesteps", "1024"]),
+        ("a2c", "Pendulum-v1", "gru", ["--total-timesteps", "1024"]),
+        ("rnd_ppo", "Breakout-v5", "lstm", RND_TINY),
+        ("rnd_ppo", "Breakout-v5", "gru", [*RND_TINY, "--chunk-size", "64"]),
     ],
 )
-def test_smoke_recurrent_runs_train_save_reload_and_evaluate(tmp_path, env_id, rnn, flags):
-    """Vector and image observations, Discrete and Box actions: the run trains (check_run: finite logs, weights that
-    moved), saves, reloads the model from disk with its memory and evaluates it."""
-    run_algorithm("ppo", "--env-id", env_id, "--rnn", rnn, *flags, "--save-model", "--eval-episodes", "2", CPU, cwd=tmp_path)
+def test_smoke_recurrent_runs_train_save_reload_and_evaluate(tmp_path, script, env_id, rnn, flags):
+    """Vector and image observations, Discrete and Box actions, in the three files: the run trains (check_run: finite
+    logs, weights that moved), saves, reloads the model from disk with its memory and evaluates it."""
+    run_algorithm(script, "--env-id", env_id, "--rnn", rnn, *flags, "--save-model", "--eval-episodes", "2", CPU, cwd=tmp_path)
     run = only_run(tmp_path)
-    state = torch.load(run / "ppo.model", weights_only=False)
+    state = torch.load(run / f"{script}.model", weights_only=False)
     assert any(k.startswith("memory.") for k in state["model"])
     assert len(scalars(run)["eval/episodic_return"]) == 2  # one per evaluation episode
+
+
+@pytest.mark.parametrize("rnn", ["lstm", "gru"])
+def test_rnd_minibatches_replay_whole_envs_and_see_the_rollouts_probabilities(rnn):
+    """rnd_ppo.py's minibatches with memory: groups of whole envs, each chunk (a smaller group) with its rows of the
+    minibatch, time first; replayed from the rollout's initial state, each chunk gives back the log-probabilities and
+    values the step-by-step rollout acted with, episode starts inside included."""
+    torch.manual_seed(0)
+    spec = rnd_ppo.envpool.make_spec("Breakout-v5")
+    agent = rnd_ppo.Agent(spec.observation_space, spec.action_space, rnn, 16)
+    T, N = 6, 4
+    obs = torch.randint(0, 255, (T, N) + spec.observation_space.shape, dtype=torch.uint8)
+    starts = (torch.rand(T, N) < 0.3).float()
+    state0 = state = torch.randn(2 if rnn == "lstm" else 1, N, 16)
+    logprobs, values = torch.zeros(T, N), torch.zeros(T, N)
+    with torch.no_grad():
+        for t in range(T):
+            action, logprobs[t], values[t], _, state = agent.act(obs[t], False, state, starts[t])
+    args = rnd_ppo.Args(num_envs=N, num_steps=T, num_minibatches=2, chunk_size=T, update_proportion=0.5)
+    args.batch_size, args.minibatch_size = T * N, T * N // 2
+    memory = (state0, starts, rnd_ppo.memory_spans(starts.numpy() > 0))
+    seen = []
+    for mb, chunks, chosen in rnd_ppo.minibatches(args, torch.device("cpu"), memory):
+        assert len(mb) == T * 2 and len(chosen) == T and set(chosen.tolist()) <= set(mb.tolist())
+        for c, rows, seq in chunks:
+            assert torch.equal(mb[rows], c) and len(c) == T  # one env per chunk: chunk_size T
+            with torch.no_grad():
+                logits, ext_value, _, _ = agent(obs.flatten(0, 1)[c].unflatten(0, (T, -1)), *seq)
+            env = int(c[0]) % N
+            assert (c % N == env).all() and torch.equal(c // N, torch.arange(T))
+            torch.testing.assert_close(ext_value, values[:, env], atol=1e-5, rtol=1e-5)
+            seen.append(env)
+    assert sorted(seen) == list(range(N))
+
+
+def test_the_recurrent_part_reads_the_same_in_the_three_files():
+    """ppo.py and a2c.py have one Agent; rnd_ppo.py's differs in its trunk and heads, and shares the memory's
+    methods word for word (the recurrent functions themselves are held by test_shared_code)."""
+    import inspect
+
+    assert inspect.getsource(ppo.Agent) == inspect.getsource(a2c.Agent)
+    for method in ("initial_state", "hidden"):
+        assert inspect.getsource(getattr(ppo.Agent, method)) == inspect.getsource(getattr(rnd_ppo.Agent, method)), method
+    for name in ("recurrent_layer", "run_memory", "memory_spans"):
+        assert (
+            inspect.getsource(getattr(ppo, name))
+            == inspect.getsource(getattr(a2c, name))
+            == inspect.getsource(getattr(rnd_ppo, name))
+        )
 
 
 def test_a_stopped_recurrent_run_resumes_with_no_gap(tmp_path):
@@ -200,3 +259,15 @@ def test_a_stopped_recurrent_run_resumes_with_no_gap(tmp_path):
 )
 def test_bad_recurrent_input_gets_one_clear_line(flags, message, tmp_path):
     assert_one_error_line("ppo", run_bad_input("ppo", flags, tmp_path, "Acrobot-v1"), message)
+
+
+@pytest.mark.parametrize(
+    "script, flags, message",
+    [
+        ("a2c", ["--rnn", "lstm", "--compile"], r"--rnn lstm runs eagerly"),
+        ("rnd_ppo", ["--rnn", "lstm", "--compile"], r"--rnn lstm runs eagerly"),
+        ("rnd_ppo", ["--rnn", "lstm", "--num-envs", "6", "--num-minibatches", "4"], r"--num-minibatches 4 does not divide"),
+    ],
+)
+def test_bad_recurrent_input_of_a2c_and_rnd_gets_one_clear_line(script, flags, message, tmp_path):
+    assert_one_error_line(script, run_bad_input(script, flags, tmp_path, "Pong-v5"), message)
