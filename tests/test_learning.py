@@ -1,11 +1,15 @@
 """Learning checks: each algorithm, with its defaults and a fixed seed, reaches a measured threshold."""
 
+import os
+
 import envpool
 import numpy as np
 import pytest
 from pixel_corridor import ENV_ID, with_pixel_corridor
 
-from conftest import CPU, only_run, run_algorithm, run_in_process, scalars, values
+from conftest import CPU, ROOT, load_algorithm, only_run, run_algorithm, run_in_process, scalars, values
+
+ppo_module = load_algorithm("ppo")
 
 
 @pytest.mark.learning
@@ -187,3 +191,22 @@ def test_rnd_finds_the_reward_that_the_same_run_without_intrinsic_reward_does_no
     with_rnd, without = corridor_run(tmp_path, "rnd"), corridor_run(tmp_path, "no_rnd", "--int-coef", "0")
     assert len(with_rnd) >= 20 and len(without) >= 20, (len(with_rnd), len(without))
     assert np.mean(with_rnd) >= 0.5 and np.mean(without) <= 0.1, (np.mean(with_rnd), np.mean(without))
+
+
+@pytest.mark.learning
+def test_ppo_with_memory_solves_velocity_masked_cartpole_and_without_it_does_not(tmp_path):
+    """CartPole with its velocities hidden (benchmark/masked_envs.py): a policy must remember earlier positions to
+    balance. `--rnn lstm` and its classic recurrent preset (rl-baselines3-zoo's settings), 100k steps: measured on 2
+    CPU cores, one thread, seeds 1-3, the last 20 episodes average 467.4 / 500.0 / 500.0. The same flags without
+    memory reached 44.4 (seed 1; sb3-contrib's tests note about 50 for a policy without memory). The bars: 300 with
+    the LSTM, at most 150 without. About 2 minutes here."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "benchmark"), os.environ.get("PYTHONPATH", "")]))
+    flags = ["--env-id", "masked_envs:CartPoleNoVel-v1", "--seed", "1", "--total-timesteps", "100000", CPU]
+    run_algorithm("ppo", *flags, "--rnn", "lstm", "--exp-name", "lstm", cwd=tmp_path, env=env)
+    preset = ppo_module.RNN_PRESETS["classic"]
+    same = [
+        f"--{k.replace('_', '-')}={v}" if not isinstance(v, bool) else f"--{k.replace('_', '-')}" for k, v in preset.items()
+    ]
+    run_algorithm("ppo", *flags, *[f for f in same if not f.startswith("--rnn")], "--exp-name", "ff", cwd=tmp_path, env=env)
+    with_memory, without = (last_20_mean(next((tmp_path / "runs").glob(f"*__{n}__*"))) for n in ("lstm", "ff"))
+    assert with_memory >= 300 and without <= 150, (with_memory, without)

@@ -271,3 +271,16 @@ def test_bad_recurrent_input_gets_one_clear_line(flags, message, tmp_path):
 )
 def test_bad_recurrent_input_of_a2c_and_rnd_gets_one_clear_line(script, flags, message, tmp_path):
     assert_one_error_line(script, run_bad_input(script, flags, tmp_path, "Pong-v5"), message)
+
+
+def test_rnn_takes_the_recurrent_preset_and_a_given_flag_still_wins():
+    """--rnn lstm on a classic env starts from RNN_PRESETS["classic"] (every key a real flag); a flag on the command
+    line wins over it; without --rnn, or on a family with no recurrent preset, the family's defaults stay."""
+    preset = ppo.RNN_PRESETS["classic"]
+    assert set(preset) <= {f.name for f in ppo.dataclasses.fields(ppo.Args)}
+    args = ppo.parse_args(["--env-id", "CartPole-v1", "--rnn", "lstm"])
+    assert all(getattr(args, k) == v for k, v in preset.items())
+    assert ppo.parse_args(["--env-id", "CartPole-v1", "--rnn", "gru", "--num-envs", "4"]).num_envs == 4
+    assert ppo.parse_args(["--env-id", "CartPole-v1"]).num_envs == ppo.Args.num_envs
+    pendulum = ppo.parse_args(["--env-id", "Pendulum-v1", "--rnn", "lstm"])
+    assert pendulum.num_envs == ppo.PRESETS["mujoco"]["num_envs"] and pendulum.rnn_size == ppo.Args.rnn_size
