@@ -14,7 +14,9 @@
 #   Walker2d-v4       1M     mujoco   2288.0 +- 571.8   (ppo_continuous_action.py)
 #   Hopper-v4         1M     mujoco   2382.9 +- 271.7   (ppo_continuous_action.py)
 #
-# Usage: bash benchmark/ppo.sh [classic|atari|mujoco|all]
+#   masked_envs:CartPoleNoVel-v1 100k --rnn lstm 500.0 +- 0.0   (rl-baselines3-zoo's RecurrentPPO, ppo_lstm)
+#
+# Usage: bash benchmark/ppo.sh [classic|atari|mujoco|memory|memory-speed|all]
 # Classic control takes about 1.5 minutes a run on a quiet 2-core CPU. Atari 10M steps is about 7 hours a run
 # there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run on a 2-core CPU, two at a time
 # (one thread each; 51 min while other work shared the cores).
@@ -33,4 +35,33 @@ if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 Be
 # and the reloaded model's evaluation at the end
 if [[ $family == mujoco || $family == all ]]; then
   bench ppo ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4 -- --checkpoint-every 100000 --save-model
+fi
+# Memory: --rnn lstm (its classic recurrent preset, RNN_PRESETS in ppo.py) on the velocity-masked CartPole
+# (benchmark/masked_envs.py), then the same settings without memory, and one report with both on each plot. About a
+# minute a run on a quiet 2-core CPU.
+if [[ $family == memory || $family == all ]]; then
+  export PYTHONPATH="benchmark${PYTHONPATH:+:$PYTHONPATH}"
+  same=(--num-envs 8 --num-steps 32 --num-minibatches 1 --update-epochs 20 --learning-rate 1e-3 --gamma 0.98
+        --gae-lambda 0.8 --ent-coef 0 --norm-obs --total-timesteps 100000)
+  bench ppo ppo_lstm_masked_cartpole masked_envs:CartPoleNoVel-v1 -- --rnn lstm --total-timesteps 100000
+  bench ppo ppo_no_memory_masked_cartpole masked_envs:CartPoleNoVel-v1 -- "${same[@]}"
+  python benchmark/report.py benchmark/results/ppo_lstm_masked_cartpole \
+    --compare benchmark/results/ppo_no_memory_masked_cartpole
+fi
+# Memory, speed: ppo.py --rnn lstm against sb3-contrib's RecurrentPPO with the same settings and sizes
+# (benchmark/sb3_recurrent_ppo.py), 100k steps each, one thread, two rounds back to back; whole-process wall times
+if [[ $family == memory-speed ]]; then
+  sb3_deps
+  [ -d "$DEPS/sb3_contrib" ] || python -m pip install -q --target "$DEPS" --no-deps sb3-contrib==2.9.2 >&2
+  export PYTHONPATH="benchmark:$DEPS${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
+  out=$(mktemp -d)
+  for round in 1 2; do
+    start=$(date +%s.%N)
+    (cd "$out" && python "$OLDPWD/algorithms/ppo.py" --env-id masked_envs:CartPoleNoVel-v1 --rnn lstm --no-cuda \
+      --total-timesteps 100000 --seed "$round" --progress-interval 1000 | grep -E "^step 99" | tail -n 1)
+    echo "round $round: ppo.py --rnn lstm, $(python -c "print(f'{$(date +%s.%N) - $start:.1f}')") s"
+    start=$(date +%s.%N)
+    python benchmark/sb3_recurrent_ppo.py --seed "$round" --total-timesteps 100000
+    echo "round $round: sb3-contrib RecurrentPPO, $(python -c "print(f'{$(date +%s.%N) - $start:.1f}')") s"
+  done
 fi

@@ -144,7 +144,9 @@ def seed_band(runs: list[dict], x_key: str, window: int = 20) -> tuple[np.ndarra
     return grid, curves.mean(0), curves.std(0)
 
 
-def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str, path: Path) -> None:
+def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str, path: Path, others=(), label=None) -> None:
+    """One panel per env: the runs' seed band (labelled `label`, by default the algorithm), each of `others` (pairs of
+    a label and its runs, e.g. the same envs without an option) on the same axes, and the reference."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,10 +159,12 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
         ax.set_title(env_id)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("episodic return")
-        if ok:
-            grid, mean, std = seed_band(ok, x_key)
-            ax.plot(grid, mean, label=f"{algo} ({len(ok)} seeds)")
-            ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
+        for name, series in ((label or algo, runs), *others):
+            ok = [r for r in series if r["env_id"] == env_id and r["problem"] is None]
+            if ok:
+                grid, mean, std = seed_band(ok, x_key)
+                ax.plot(grid, mean, label=f"{name} ({len(ok)} seeds)")
+                ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
         ref = references.get((algo, env_id))
         if ref and ref["mean"] != "":
             ax.axhline(float(ref["mean"]), color="k", linestyle="--", linewidth=1, label="reference")
@@ -203,6 +207,14 @@ def main(argv: list[str] | None = None) -> Path:
         help="bench_dir is one run's own folder, made by ALGO's script without run.py (a run stopped at a time budget)",
     )
     p.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="FOLDER",
+        help="other run.py folders (or reports kept with --keep-data) whose runs of the same envs are drawn on the same "
+        "plots and tabled below, each labelled with its folder's name (e.g. the same settings without an option)",
+    )
+    p.add_argument(
         "--keep-data",
         action="store_true",
         help="copy the benchmark's bench.json, status.json, logs and events (not checkpoints) into --out beside the report",
@@ -233,9 +245,17 @@ def main(argv: list[str] | None = None) -> Path:
     runs = [summarise_run(bench_dir, job) for job in jobs]
     if args.keep_data:
         keep_data(bench_dir, jobs, out)
-    (out / "report.md").write_text(table(algo, runs, references) + PLOTS)
-    plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png")
-    plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png")
+    others, text = [], table(algo, runs, references)
+    for folder in map(Path, args.compare):
+        if not (folder / "status.json").is_file():
+            p.error(f"--compare {folder} has no status.json; pass a folder written by benchmark/run.py")
+        other = [summarise_run(folder, job) for job in json.loads((folder / "status.json").read_text())]
+        others.append((folder.name, other))
+        text += f"\n## Beside it: {folder.name}\n" + table(algo, other, references).split("\n", 1)[1]
+    label = bench_dir.name if args.compare and not args.lone_run else None
+    (out / "report.md").write_text(text + PLOTS)
+    plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png", others, label)
+    plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png", others, label)
     print((out / "report.md").read_text())
     print(f"plots: {out / 'returns_vs_steps.png'}, {out / 'returns_vs_time.png'}")
     return out

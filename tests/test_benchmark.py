@@ -302,3 +302,24 @@ def test_action_size_of_a_policy_whose_mean_sits_outside_the_bounds(tmp_path):
     torch.save({"script": "ppo.py", "kind": "checkpoint"}, other)
     proc = subprocess.run([*tool, str(other)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0 and "is not an a2c.py model" in proc.stderr
+
+
+def test_report_compares_another_benchmark_of_the_same_envs_on_the_same_plots(tmp_path, monkeypatch):
+    """--compare FOLDER: the other folder's runs get their own table under "Beside it: <its name>" and a second seed
+    band, labelled with its name, in each env's panel; a folder that run.py did not write is one error line."""
+    with_memory, without = tmp_path / "with_memory", tmp_path / "without"
+    for bench, level in ((with_memory, 500.0), (without, 50.0)):
+        jobs = [write_run(bench, "CartPole-v1", seed, [level] * 120) for seed in (1, 2)]
+        (bench / "status.json").write_text(json.dumps(jobs))
+        (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
+    labels = []
+    real_plot = report.plot
+    monkeypatch.setattr(
+        report, "plot", lambda *a, **k: (labels.append((a[7] if len(a) > 7 else None, a[6])), real_plot(*a, **k))
+    )
+    text = (report.main([str(with_memory), "--out", str(tmp_path / "r"), "--compare", str(without)]) / "report.md").read_text()
+    first, second = text.split("## Beside it: without")
+    assert "| CartPole-v1 | 2/2 | 500.0 +- 0.0" in first and "| CartPole-v1 | 2/2 | 50.0 +- 0.0" in second
+    assert labels and all(label == "with_memory" and [name for name, _ in others] == ["without"] for label, others in labels)
+    with pytest.raises(SystemExit):
+        report.main([str(with_memory), "--out", str(tmp_path / "r2"), "--compare", str(tmp_path)])

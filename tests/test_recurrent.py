@@ -240,7 +240,7 @@ def test_the_recurrent_part_reads_the_same_in_the_three_files():
 
 
 def test_a_stopped_recurrent_run_resumes_with_no_gap(tmp_path):
-    total, batch = 10240, 512
+    total, batch = 10240, 8 * 32  # the recurrent preset's envs x steps
     flags = ["--rnn", "lstm", "--total-timesteps", str(total), "--progress-interval", "0", CPU]
     stop_run("ppo", *flags, cwd=tmp_path, at=3072)
     run = only_run(tmp_path)
@@ -252,7 +252,7 @@ def test_a_stopped_recurrent_run_resumes_with_no_gap(tmp_path):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--rnn", "lstm", "--num-minibatches", "3"], r"--num-minibatches 3 does not divide --num-envs 4: with --rnn"),
+        (["--rnn", "lstm", "--num-minibatches", "3"], r"--num-minibatches 3 does not divide --num-envs 8: with --rnn"),
         (["--rnn", "gru", "--compile"], r"--rnn gru runs eagerly.*leave out --compile"),
         (["--rnn", "rnn"], r"rnn"),
     ],
