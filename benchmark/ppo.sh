@@ -40,11 +40,13 @@ fi
 # (benchmark/masked_envs.py), then the same settings without memory, and one report with both on each plot. About a
 # minute a run on a quiet 2-core CPU.
 if [[ $family == memory || $family == all ]]; then
-  export PYTHONPATH="benchmark${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$PWD/benchmark${PYTHONPATH:+:$PYTHONPATH}"  # absolute: the runner runs each script in its own folder
+  # the zoo's figure is the trained agent's greedy evaluation: --save-model --eval-deterministic gives the same column
+  evaluation=(--total-timesteps 100000 --save-model --eval-deterministic)
   same=(--num-envs 8 --num-steps 32 --num-minibatches 1 --update-epochs 20 --learning-rate 1e-3 --gamma 0.98
-        --gae-lambda 0.8 --ent-coef 0 --norm-obs --total-timesteps 100000)
-  bench ppo ppo_lstm_masked_cartpole masked_envs:CartPoleNoVel-v1 -- --rnn lstm --total-timesteps 100000
-  bench ppo ppo_no_memory_masked_cartpole masked_envs:CartPoleNoVel-v1 -- "${same[@]}"
+        --gae-lambda 0.8 --ent-coef 0 --norm-obs)
+  bench ppo ppo_lstm_masked_cartpole masked_envs:CartPoleNoVel-v1 -- --rnn lstm "${evaluation[@]}"
+  bench ppo ppo_no_memory_masked_cartpole masked_envs:CartPoleNoVel-v1 -- "${same[@]}" "${evaluation[@]}"
   python benchmark/report.py benchmark/results/ppo_lstm_masked_cartpole \
     --compare benchmark/results/ppo_no_memory_masked_cartpole
 fi
@@ -53,7 +55,7 @@ fi
 if [[ $family == memory-speed ]]; then
   sb3_deps
   [ -d "$DEPS/sb3_contrib" ] || python -m pip install -q --target "$DEPS" --no-deps sb3-contrib==2.9.2 >&2
-  export PYTHONPATH="benchmark:$DEPS${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
+  export PYTHONPATH="$PWD/benchmark:$DEPS${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
   out=$(mktemp -d)
   for round in 1 2; do
     start=$(date +%s.%N)
