@@ -116,7 +116,8 @@ class Args:
     # --- memory: a recurrent policy ---
     rnn: Literal["none", "lstm", "gru"] = "none"
     """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
-    observation does not tell the state (none: the feed-forward policy of the presets' references)"""
+    observation does not tell the state (none: the feed-forward policy of the presets' references); on the classic
+    preset it also brings that preset's recurrent settings (RNN_PRESETS), which any flag given overrides"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
 
