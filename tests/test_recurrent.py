@@ -63,7 +63,7 @@ def episode_values(agent, obs: torch.Tensor, valid: torch.Tensor) -> tuple[torch
     fresh, count = torch.full((T, B), float("nan")), 0
     for b in range(B):
         first_steps = [t + 1 for t in range(T - 1) if valid[t, b] == 0]
-        for s, e in zip(first_steps, first_steps[1:] + [T], strict=True):
+        for s, e in zip(first_steps, [*first_steps[1:], T][: len(first_steps)], strict=True):
             with torch.no_grad():
                 fresh[s:e, b] = agent.get_value(obs[s:e, b : b + 1], None, torch.zeros(e - s, 1))
             count += 1
@@ -129,6 +129,37 @@ def test_the_state_is_zero_at_exactly_the_first_step_of_each_episode(monkeypatch
         known = ~call["fresh"].isnan()
         torch.testing.assert_close(call["fresh"][known], call["values"][known], atol=1e-5, rtol=1e-5)
     assert sum(call["episodes"] for call in calls[::4]) >= 6
+
+
+@pytest.mark.parametrize("rnn", ["lstm", "gru"])
+def test_a2c_replays_each_rollout_with_the_state_zeroed_at_exactly_each_episodes_first_step(monkeypatch, tmp_path, rnn):
+    """a2c.py's update replays the whole rollout from the state it started with (carried over from the rollout
+    before): before the step, the values of that replay on each episode's steps (episodes found from the reset steps
+    alone) equal a fresh pass from a zero state over that episode alone, for 3 rollouts of 16 steps whose episodes
+    cross rollout boundaries."""
+    checked = []
+    training_steps = a2c.training_steps
+
+    def recording_training_steps(agent, optimizer, args):
+        act, update = training_steps(agent, optimizer, args)
+
+        def recording_update(obs, actions, advantages, returns, valid, state=None, starts=None, spans=None):
+            with torch.no_grad():
+                replayed = agent.get_value(obs, state, starts)
+            fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
+            known = ~fresh.flatten().isnan()
+            torch.testing.assert_close(fresh.flatten()[known], replayed[known], atol=1e-5, rtol=1e-5)
+            checked.append(episodes)
+            return update(obs, actions, advantages, returns, valid, state, starts, spans)
+
+        return act, recording_update
+
+    monkeypatch.setattr(a2c, "training_steps", recording_training_steps)
+    monkeypatch.chdir(tmp_path)
+    flags = ["--env-id", "CartPole-v1", "--rnn", rnn, "--rnn-size", "16", "--num-envs", "4", "--num-steps", "16",
+             "--total-timesteps", "192", CPU, "--progress-interval", "1000"]  # fmt: skip
+    a2c.main(a2c.parse_args(flags))
+    assert len(checked) == 3 and sum(checked) >= 4, checked
 
 
 def test_evaluation_carries_the_state_from_zeros_through_each_episode():
