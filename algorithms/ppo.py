@@ -445,8 +445,8 @@ def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: 
 
 def memory_spans(starts: np.ndarray) -> list[int]:
     """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
-    episode. Computed once per rollout on the host, from flags the loop already has there (no device sync), and valid
-    for any subset of the envs (a span boundary where none of them starts only splits a call)."""
+    episode. Computed on the host once per rollout (one copy of the starts there, beside the iteration's logging sync),
+    and valid for any subset of the envs (a span boundary where none of them starts only splits a call)."""
     return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 
@@ -615,27 +615,24 @@ def ppo_update(update, rollout: dict, args: Args, memory: tuple | None = None) -
     random group of whole envs whose sequences are replayed from that state: the states are rebuilt with the current
     weights at every epoch, and the first minibatch of the first epoch sees exactly the rollout's probabilities."""
     device, num_envs = rollout["valid"].device, rollout["valid"].shape[1]
-    flat = {k: v.flatten(0, 1) for k, v in rollout.items()}
+    names = ("obs", "actions", "logprobs", "values", "advantages", "returns", "valid")
+    flat = {k: rollout[k].flatten(0, 1) for k in names}
     stats, num_updates = torch.zeros(5, device=device), 0
     for _epoch in range(args.update_epochs):
-        if memory is None:
+        if memory is None:  # the update's arguments for each minibatch, gathered as it comes
             perm = torch.randperm(args.batch_size, device=device)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                mb = perm[start : start + args.minibatch_size]
-                names = ("obs", "actions", "logprobs", "values", "advantages", "returns", "valid")
-                mb_stats = update(*(flat[k][mb] for k in names))
-                stats += mb_stats
-                num_updates += 1
+            minibatches = ([flat[k][mb] for k in names] for mb in perm.split(args.minibatch_size))
         else:
             state, starts, spans = memory
-            for envs in torch.randperm(num_envs, device=device).split(num_envs // args.num_minibatches):
-                seq = {k: v[:, envs].flatten(0, 1) for k, v in rollout.items() if k != "obs"}
-                mb_stats = update(
-                    rollout["obs"][:, envs], seq["actions"], seq["logprobs"], seq["values"], seq["advantages"],
-                    seq["returns"], seq["valid"], state[:, envs], starts[:, envs], spans,
-                )  # fmt: skip
-                stats += mb_stats
-                num_updates += 1
+            minibatches = (
+                [rollout["obs"][:, envs], *(rollout[k][:, envs].flatten(0, 1) for k in names[1:]), state[:, envs],
+                 starts[:, envs], spans]
+                for envs in torch.randperm(num_envs, device=device).split(num_envs // args.num_minibatches)
+            )  # fmt: skip
+        for arguments in minibatches:
+            mb_stats = update(*arguments)
+            stats += mb_stats
+            num_updates += 1
         # one host sync per epoch, and only when the early stop is on (Huang et al. 2022, auxiliary detail 3)
         if args.target_kl is not None and mb_stats[3].item() > args.target_kl:
             break

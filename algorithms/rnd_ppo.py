@@ -391,8 +391,8 @@ def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: 
 
 def memory_spans(starts: np.ndarray) -> list[int]:
     """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
-    episode. Computed once per rollout on the host, from flags the loop already has there (no device sync), and valid
-    for any subset of the envs (a span boundary where none of them starts only splits a call)."""
+    episode. Computed on the host once per rollout (one copy of the starts there, beside the iteration's logging sync),
+    and valid for any subset of the envs (a span boundary where none of them starts only splits a call)."""
     return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 

@@ -63,9 +63,10 @@ def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEO
 
 # The network each script builds first after seed_and_device, as its main builds it: a fresh one of a run's seed
 FIRST_NETWORK = {
-    "ppo": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space, args.rnn, args.rnn_size),
-    "a2c": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space, args.rnn, args.rnn_size),
-    "rnd_ppo": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space, args.rnn, args.rnn_size),
+    **dict.fromkeys(
+        ("ppo", "a2c", "rnd_ppo"),  # the actor-critics, with the memory --rnn asks for
+        lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space, args.rnn, args.rnn_size),
+    ),
     "ppg_procgen": lambda m, args, obs_space, action_space: m.Agent(obs_space, action_space, args.arch),
     "dqn": lambda m, args, obs_space, action_space: m.QNetwork(obs_space, action_space),
     "ddpg_td3": lambda m, args, obs_space, action_space: m.Actor(obs_space.shape[0], action_space, args.hidden_size),

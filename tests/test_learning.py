@@ -203,10 +203,9 @@ def test_ppo_with_memory_solves_velocity_masked_cartpole_and_without_it_does_not
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "benchmark"), os.environ.get("PYTHONPATH", "")]))
     flags = ["--env-id", "masked_envs:CartPoleNoVel-v1", "--seed", "1", "--total-timesteps", "100000", CPU]
     run_algorithm("ppo", *flags, "--rnn", "lstm", "--exp-name", "lstm", cwd=tmp_path, env=env)
-    preset = ppo_module.RNN_PRESETS["classic"]
-    same = [
-        f"--{k.replace('_', '-')}={v}" if not isinstance(v, bool) else f"--{k.replace('_', '-')}" for k, v in preset.items()
-    ]
-    run_algorithm("ppo", *flags, *[f for f in same if not f.startswith("--rnn")], "--exp-name", "ff", cwd=tmp_path, env=env)
+    # the recurrent preset's settings, given as flags, less the memory's own size
+    preset = {k.replace("_", "-"): v for k, v in ppo_module.RNN_PRESETS["classic"].items() if k != "rnn_size"}
+    same = [f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k}={v}" for k, v in preset.items()]
+    run_algorithm("ppo", *flags, *same, "--exp-name", "ff", cwd=tmp_path, env=env)
     with_memory, without = (last_20_mean(next((tmp_path / "runs").glob(f"*__{n}__*"))) for n in ("lstm", "ff"))
     assert with_memory >= 300 and without <= 150, (with_memory, without)

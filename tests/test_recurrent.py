@@ -70,33 +70,43 @@ def episode_values(agent, obs: torch.Tensor, valid: torch.Tensor) -> tuple[torch
     return fresh, count
 
 
-def recorded_run(monkeypatch, tmp_path, rnn: str, env_id: str = "CartPole-v1"):
-    """ppo.py --rnn <rnn> in this process, 4 envs x 64 steps, 2 minibatches, 2 epochs, 3 iterations (CartPole's random
-    episodes last about 20 steps, so several end inside every rollout). Each minibatch update is recorded, before its
-    step, with the log-probabilities and values the agent gives its inputs now, and episode_values of its sequences."""
-    calls = []
-    training_steps = ppo.training_steps
+def run_recording_updates(monkeypatch, tmp_path, module, flags: list[str], record) -> None:
+    """module's main with flags, in this process, on the CPU; before each call of its update (training_steps'),
+    record(agent, *the update's arguments) runs, with the weights the update starts from."""
+    training_steps = module.training_steps
 
     def recording_training_steps(agent, optimizer, args):
         act, update = training_steps(agent, optimizer, args)
 
-        def recording_update(obs, actions, logprobs, values, advantages, returns, valid, state=None, starts=None, spans=None):
+        def recording_update(*arguments):
             with torch.no_grad():
-                _, newlogprob, _, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
-            fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
-            calls.append(dict(logprobs=logprobs, values=values, valid=valid, newlogprob=newlogprob, newvalue=newvalue,
-                              fresh=fresh.flatten(), episodes=episodes))  # fmt: skip
-            return update(obs, actions, logprobs, values, advantages, returns, valid, state, starts, spans)
+                record(agent, *arguments)
+            return update(*arguments)
 
         return act, recording_update
 
-    monkeypatch.setattr(ppo, "training_steps", recording_training_steps)
+    monkeypatch.setattr(module, "training_steps", recording_training_steps)
     monkeypatch.chdir(tmp_path)
+    module.main(module.parse_args([*flags, CPU, "--progress-interval", "1000"]))
+
+
+def recorded_run(monkeypatch, tmp_path, rnn: str):
+    """ppo.py --rnn <rnn>, 4 envs x 64 steps, 2 minibatches, 2 epochs, 3 iterations (CartPole's random episodes last
+    about 20 steps, so several end inside every rollout). Each minibatch update is recorded, before its step, with the
+    log-probabilities and values the agent gives its inputs now, and episode_values of its sequences."""
+    calls = []
+
+    def record(agent, obs, actions, logprobs, values, advantages, returns, valid, state, starts, spans):
+        _, newlogprob, _, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
+        fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
+        calls.append(dict(logprobs=logprobs, values=values, valid=valid, newlogprob=newlogprob, newvalue=newvalue,
+                          fresh=fresh.flatten(), episodes=episodes))  # fmt: skip
+
     flags = [
-        "--env-id", env_id, "--rnn", rnn, "--rnn-size", "16", "--num-envs", "4", "--num-steps", "64", "--num-minibatches",
-        "2", "--update-epochs", "2", "--total-timesteps", "768", CPU, "--progress-interval", "1000",
+        "--env-id", "CartPole-v1", "--rnn", rnn, "--rnn-size", "16", "--num-envs", "4", "--num-steps", "64",
+        "--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "768",
     ]  # fmt: skip
-    ppo.main(ppo.parse_args(flags))
+    run_recording_updates(monkeypatch, tmp_path, ppo, flags, record)
     return calls
 
 
@@ -138,27 +148,17 @@ def test_a2c_replays_each_rollout_with_the_state_zeroed_at_exactly_each_episodes
     alone) equal a fresh pass from a zero state over that episode alone, for 3 rollouts of 16 steps whose episodes
     cross rollout boundaries."""
     checked = []
-    training_steps = a2c.training_steps
 
-    def recording_training_steps(agent, optimizer, args):
-        act, update = training_steps(agent, optimizer, args)
+    def record(agent, obs, actions, advantages, returns, valid, state, starts, spans):
+        replayed = agent.get_value(obs, state, starts)
+        fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
+        known = ~fresh.flatten().isnan()
+        torch.testing.assert_close(fresh.flatten()[known], replayed[known], atol=1e-5, rtol=1e-5)
+        checked.append(episodes)
 
-        def recording_update(obs, actions, advantages, returns, valid, state=None, starts=None, spans=None):
-            with torch.no_grad():
-                replayed = agent.get_value(obs, state, starts)
-            fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
-            known = ~fresh.flatten().isnan()
-            torch.testing.assert_close(fresh.flatten()[known], replayed[known], atol=1e-5, rtol=1e-5)
-            checked.append(episodes)
-            return update(obs, actions, advantages, returns, valid, state, starts, spans)
-
-        return act, recording_update
-
-    monkeypatch.setattr(a2c, "training_steps", recording_training_steps)
-    monkeypatch.chdir(tmp_path)
     flags = ["--env-id", "CartPole-v1", "--rnn", rnn, "--rnn-size", "16", "--num-envs", "4", "--num-steps", "16",
-             "--total-timesteps", "192", CPU, "--progress-interval", "1000"]  # fmt: skip
-    a2c.main(a2c.parse_args(flags))
+             "--total-timesteps", "192"]  # fmt: skip
+    run_recording_updates(monkeypatch, tmp_path, a2c, flags, record)
     assert len(checked) == 3 and sum(checked) >= 4, checked
 
 
