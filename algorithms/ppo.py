@@ -112,12 +112,15 @@ class Args:
     """Atari only: a lost life ends the training episode (the logged episode is still the full game)"""
     reward_clip: bool = True
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
+    frame_stack: int = 4
+    """Atari only: the latest frames stacked in each observation (4: Mnih et al. 2015; the recurrent Atari preset
+    takes 1, and the memory must make up for the rest)"""
 
     # --- memory: a recurrent policy ---
     rnn: Literal["none", "lstm", "gru"] = "none"
     """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
     observation does not tell the state (none: the feed-forward policy of the presets' references); on the classic
-    preset it also brings that preset's recurrent settings (RNN_PRESETS), which any flag given overrides"""
+    and atari presets it also brings that preset's recurrent settings (RNN_PRESETS), which any flag given overrides"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
 
@@ -154,6 +157,7 @@ RANGES = dict(
     vf_coef="[0, inf)",
     max_grad_norm="(0, inf)",
     target_kl="(0, inf)",
+    frame_stack="[1, inf)",
     rnn_size="[1, inf)",
 )
 
@@ -195,6 +199,10 @@ RNN_PRESETS = {
         norm_obs=True,
         rnn_size=64,
     ),
+    # the atari preset with one frame per observation, CleanRL's ppo_atari_lstm.py (a 128-unit LSTM after the Nature
+    # CNN, the --rnn-size default; every other setting is already the atari preset's): its published Breakout, Pong
+    # and BeamRider results are the reference of benchmark/ppo.sh memory-atari
+    "atari": dict(frame_stack=1),
 }
 
 
@@ -237,16 +245,19 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, render: bool = False):
-    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
+def make_env(
+    env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, render: bool = False, frame_stack: int = 4
+):
+    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise; Atari observations stack
+    the latest `frame_stack` frames.
 
     Returns (envs, is_atari). After a step that ends an episode, the next step ignores its action and returns
     reward 0 and the first observation of the next episode; the training loop masks that step out.
     """
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if ":" not in env_id and env_id in envpool.list_all_envs():
-        is_atari = hasattr(envpool.make_spec(env_id).config, "episodic_life")
-        atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip) if is_atari else {}
+        is_atari = atari_id(env_id)
+        atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip, stack_num=frame_stack) if is_atari else {}
         envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
         return envs, is_atari
     # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
@@ -259,6 +270,20 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
     )
     envs.reset(seed=seed)
     return envs, False
+
+
+def atari_id(env_id: str) -> bool:
+    """An envpool Atari id (its config has the life-loss option), whose observations stack frames."""
+    known = ":" not in env_id and env_id in envpool.list_all_envs()
+    return known and hasattr(envpool.make_spec(env_id).config, "episodic_life")
+
+
+def stacked_spaces(env_id: str, frame_stack: int) -> tuple[gym.Space, gym.Space]:
+    """env_spaces, with an Atari observation of `frame_stack` frames (envpool's spec has its default, 4)."""
+    obs_space, action_space = env_spaces(env_id)
+    if atari_id(env_id):
+        obs_space = gym.spaces.Box(0, 255, (frame_stack, *obs_space.shape[1:]), np.uint8)
+    return obs_space, action_space
 
 
 def can_render(env_id: str) -> bool:
@@ -657,7 +682,7 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 
     Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video is not None)
+    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, video is not None, args.frame_stack)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
@@ -709,6 +734,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.norm_obs and obs_space.dtype == np.uint8:
         # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead
         fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
+    if args.frame_stack != Args.frame_stack and not atari_id(args.env_id):
+        fail(f"--frame-stack is for envpool's Atari ids, and {args.env_id} is not one; leave out --frame-stack")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
@@ -750,7 +777,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 # ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
     # --- set-up: every check before the run directory is made ---
-    obs_space, action_space = env_spaces(args.env_id)
+    obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
     check_args(args, obs_space, action_space)
     device = seed_and_device(args)
     check_storage(storage(args, obs_space, action_space, device))
@@ -780,7 +807,9 @@ def main(args: Args) -> None:
     stop = stop_requests()
 
     # envs are not restored by a resume, so its envs take a fresh seed
-    envs, is_atari = make_env(args.env_id, args.num_envs, args.seed + global_step, args.episodic_life, args.reward_clip)
+    envs, is_atari = make_env(
+        args.env_id, args.num_envs, args.seed + global_step, args.episodic_life, args.reward_clip, False, args.frame_stack
+    )
     continuous = isinstance(action_space, gym.spaces.Box)
 
     # rollout storage, preallocated on the device; frames stay uint8

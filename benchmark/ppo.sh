@@ -16,8 +16,11 @@
 #
 #   masked_envs:CartPoleNoVel-v1 100k --rnn lstm 500.0 +- 0.0   (rl-baselines3-zoo's RecurrentPPO, ppo_lstm)
 #   masked_envs:PendulumNoVel-v1 300k --rnn lstm -217.9 +- 140.1 at 100k (rl-baselines3-zoo's RecurrentPPO with gSDE)
+#   Breakout-v5       10M    --rnn lstm 128.9 +- 31.1   (CleanRL ppo_atari_lstm.py: one frame per observation)
+#   Pong-v5           10M    --rnn lstm 19.8 +- 1.6     (CleanRL ppo_atari_lstm.py)
+#   BeamRider-v5      10M    --rnn lstm 1536 +- 612     (CleanRL ppo_atari_lstm.py)
 #
-# Usage: bash benchmark/ppo.sh [classic|atari|mujoco|memory|memory-speed|all]
+# Usage: bash benchmark/ppo.sh [classic|atari|mujoco|memory|memory-atari|memory-speed|all]
 # Classic control takes about 1.5 minutes a run on a quiet 2-core CPU. Atari 10M steps is about 7 hours a run
 # there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run on a 2-core CPU, two at a time
 # (one thread each; 51 min while other work shared the cores).
@@ -59,6 +62,13 @@ if [[ $family == memory || $family == all ]]; then
   bench ppo ppo_no_memory_masked_pendulum masked_envs:PendulumNoVel-v1 -- "${pendulum[@]}"
   python benchmark/report.py benchmark/results/ppo_lstm_masked_pendulum \
     --compare benchmark/results/ppo_no_memory_masked_pendulum
+fi
+# Memory on Atari: --rnn lstm with the recurrent Atari preset (RNN_PRESETS in ppo.py: one frame per observation, a
+# 128-unit LSTM, the atari preset's other settings; CleanRL's ppo_atari_lstm.py), 10M steps, against CleanRL's
+# published ppo_atari_lstm.py results (report.py reads the rows keyed ppo:lstm in references.csv). Like the atari
+# family, a job for a GPU machine; the reloaded model's evaluation at the end.
+if [[ $family == memory-atari || $family == all ]]; then
+  bench ppo ppo_lstm_atari Breakout-v5 Pong-v5 BeamRider-v5 -- --rnn lstm --checkpoint-every 1000000 --save-model
 fi
 # Memory, speed: ppo.py --rnn lstm against sb3-contrib's RecurrentPPO with the same settings and sizes
 # (benchmark/sb3_recurrent_ppo.py), 100k steps each, one thread, two rounds back to back; whole-process wall times

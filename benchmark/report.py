@@ -237,8 +237,10 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(args.out) if args.out else Path(args.bench_dir)  # a lone run's report goes beside its events
     out.mkdir(parents=True, exist_ok=True)
     algo, extra = meta["algo"], meta.get("extra_args", [])
-    # a script with several algorithms (ddpg_td3.py --algo ddpg) has references keyed "script:algo", which win
-    name = f"{algo}:{extra[extra.index('--algo') + 1]}" if "--algo" in extra[:-1] else algo
+    # a script with several algorithms (ddpg_td3.py --algo ddpg) has references keyed "script:algo", and a recurrent
+    # policy (ppo.py --rnn lstm) "script:rnn"; they win over the script's own
+    option = next((flag for flag in ("--algo", "--rnn") if flag in extra[:-1]), None)
+    name = f"{algo}:{extra[extra.index(option) + 1]}" if option else algo
     every = load_references(Path(args.references))
     references = {(name, e): r for a in (algo, name) for (k, e), r in every.items() if k == a}
     algo = name

@@ -258,19 +258,22 @@ def test_report_final_evaluation_and_exact_greedy_return(tmp_path):
     assert row[-1].startswith("ok")  # 480 +- 10 reaches the reference 490.0 +- 6.1; the training return 100 would not
 
 
-def test_report_takes_the_references_of_the_algorithm_a_script_was_run_with(hand_made_bench, tmp_path):
-    """ddpg_td3.py --algo ddpg: rows keyed "ddpg_td3:ddpg" win over the script's own rows for the same env."""
-    (hand_made_bench / "bench.json").write_text(json.dumps({"algo": "ddpg_td3", "extra_args": ["--algo", "ddpg"]}))
+@pytest.mark.parametrize("script, option", [("ddpg_td3", ["--algo", "ddpg"]), ("ppo", ["--rnn", "lstm", "--norm-obs"])])
+def test_report_takes_the_references_of_the_algorithm_a_script_was_run_with(hand_made_bench, tmp_path, script, option):
+    """ddpg_td3.py --algo ddpg, ppo.py --rnn lstm: rows keyed "<script>:<value>" win over the script's own rows for
+    the same env."""
+    (hand_made_bench / "bench.json").write_text(json.dumps({"algo": script, "extra_args": option}))
+    name = f"{script}:{option[1]}"
     refs = tmp_path / "refs.csv"
     refs.write_text(
-        "algo,env_id,steps,mean,std,source\nddpg_td3,CartPole-v1,1,9.0,,td3 paper\n"
-        "ddpg_td3:ddpg,CartPole-v1,1,7.0,,ddpg paper\nddpg_td3,Acrobot-v1,1,-5.0,,td3 only\n"
+        f"algo,env_id,steps,mean,std,source\n{script},CartPole-v1,1,9.0,,plain paper\n"
+        f"{name},CartPole-v1,1,7.0,,variant paper\n{script},Acrobot-v1,1,-5.0,,plain only\n"
     )
     text = (
         report.main([str(hand_made_bench), "--out", str(tmp_path / "r"), "--references", str(refs)]) / "report.md"
     ).read_text()
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
-    assert text.startswith("# ddpg_td3:ddpg:") and "ddpg paper" in rows["CartPole-v1"] and "td3 only" in rows["Acrobot-v1"]
+    assert text.startswith(f"# {name}:") and "variant paper" in rows["CartPole-v1"] and "plain only" in rows["Acrobot-v1"]
 
 
 def test_status_view_reads_the_progress_lines_of_step_and_generation_counting_scripts(tmp_path):

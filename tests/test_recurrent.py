@@ -218,6 +218,8 @@ def test_smoke_recurrent_runs_train_save_reload_and_evaluate(tmp_path, script, e
     run = only_run(tmp_path)
     state = torch.load(run / f"{script}.model", weights_only=False)
     assert any(k.startswith("memory.") for k in state["model"])
+    if script == "ppo" and env_id == "Breakout-v5":  # the recurrent Atari preset sees one frame per observation
+        assert state["model"]["encoder.0.weight"].shape[1] == 1 and state["args"]["frame_stack"] == 1
     assert len(scalars(run)["eval/episodic_return"]) == 2  # one per evaluation episode
 
 
@@ -286,6 +288,7 @@ def test_a_stopped_recurrent_run_resumes_with_no_gap(tmp_path):
         (["--rnn", "lstm", "--num-minibatches", "3"], r"--num-minibatches 3 does not divide --num-envs 8: with --rnn"),
         (["--rnn", "gru", "--compile"], r"--rnn gru runs eagerly.*leave out --compile"),
         (["--rnn", "rnn"], r"rnn"),
+        (["--rnn", "lstm", "--frame-stack", "1"], r"--frame-stack is for envpool's Atari ids, and \S+ is not one"),
     ],
 )
 def test_bad_recurrent_input_gets_one_clear_line(flags, message, tmp_path):
@@ -305,13 +308,17 @@ def test_bad_recurrent_input_of_a2c_and_rnd_gets_one_clear_line(script, flags, m
 
 
 def test_rnn_takes_the_recurrent_preset_and_a_given_flag_still_wins():
-    """--rnn lstm on a classic env starts from RNN_PRESETS["classic"] (every key a real flag); a flag on the command
-    line wins over it; without --rnn, or on a family with no recurrent preset, the family's defaults stay."""
+    """--rnn lstm on a classic env starts from RNN_PRESETS["classic"] (every key a real flag), on an Atari env from the
+    atari preset with one frame; a flag on the command line wins over it; without --rnn, or on a family with no
+    recurrent preset, the family's defaults stay."""
     preset = ppo.RNN_PRESETS["classic"]
-    assert set(preset) <= {f.name for f in ppo.dataclasses.fields(ppo.Args)}
+    assert all(set(p) <= {f.name for f in ppo.dataclasses.fields(ppo.Args)} for p in ppo.RNN_PRESETS.values())
     args = ppo.parse_args(["--env-id", "CartPole-v1", "--rnn", "lstm"])
     assert all(getattr(args, k) == v for k, v in preset.items())
     assert ppo.parse_args(["--env-id", "CartPole-v1", "--rnn", "gru", "--num-envs", "4"]).num_envs == 4
     assert ppo.parse_args(["--env-id", "CartPole-v1"]).num_envs == ppo.Args.num_envs
+    breakout = ppo.parse_args(["--env-id", "Breakout-v5", "--rnn", "lstm"])
+    assert breakout.frame_stack == 1 and breakout.num_envs == ppo.PRESETS["atari"]["num_envs"]
+    assert ppo.parse_args(["--env-id", "Breakout-v5"]).frame_stack == 4
     pendulum = ppo.parse_args(["--env-id", "Pendulum-v1", "--rnn", "lstm"])
     assert pendulum.num_envs == ppo.PRESETS["mujoco"]["num_envs"] and pendulum.rnn_size == ppo.Args.rnn_size
