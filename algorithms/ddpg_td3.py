@@ -504,6 +504,12 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1:
+        fail(
+            f"it trains one learner fed by one replay buffer in one process, and torchrun started {processes}; "
+            "run it with python (benchmark/run.py runs seeds and envs side by side)"
+        )
     if isinstance(action_space, gym.spaces.Discrete):
         fail(f"ddpg_td3.py needs Box actions; {args.env_id} has {action_space}: use dqn.py for discrete actions")
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:

@@ -271,16 +271,28 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64."""
+def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
+    process: its own rows, as they are."""
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
 
-    def __init__(self, shape: tuple, device: torch.device):
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
+    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+        self.world_size = world_size
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.double()
+        x = gather_rows(x.double(), self.world_size)
         self.mean, self.var, self.count = update_mean_var_count(
             self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
         )
@@ -492,18 +504,23 @@ def process_device(device: torch.device, local_rank: int, local_world_size: int,
     return torch.device("cpu"), "gloo", note
 
 
-def gather_members(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' member rows, in member order (process r holds the r-th slice). The only data exchanged."""
-    if world_size == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts)
+def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
+    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.world_size > 1:
+        dist.init_process_group(backend)
+    return rank, device, note
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
-    """A stop asked of one process is asked of all: every process stops after the same generation, or the next
-    exchange would hang."""
+    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
+    the next exchange would hang."""
     if world_size > 1:
         flag = torch.tensor([len(stop)], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -529,13 +546,10 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
 # Training loop
 # ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made; torchrun sets WORLD_SIZE, RANK and LOCAL_RANK ---
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the population ---
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = torch.cuda.device_count()
-    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, gpus)
+    rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     # only process 0 writes logs, checkpoints and models
@@ -544,10 +558,6 @@ def main(args: Args) -> None:
         say_device(device)
         if note:
             print(note, flush=True)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if args.world_size > 1:
-        dist.init_process_group(backend)
 
     # the same seed gives every process the same initial parameters, theta, which ES perturbs as one flat vector
     continuous = isinstance(action_space, gym.spaces.Box)
@@ -598,7 +608,7 @@ def main(args: Args) -> None:
         envs.close()
 
         # --- exchange: fitness, length and observation sums per member, nothing else ---
-        results = gather_members(torch.as_tensor(results, device=device), args.world_size)
+        results = gather_rows(torch.as_tensor(results, device=device), args.world_size)
         fitness, lengths = results[:, 0], results[:, 1]
 
         # --- update: centered ranks, ES gradient, weight decay, Adam ---

@@ -21,6 +21,7 @@ import envpool
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import tyro
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
@@ -128,14 +129,16 @@ class Args:
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches (computed)"""
+    """batch_size // num_minibatches; each process's share of it is its minibatch (computed)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
@@ -487,16 +490,28 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64."""
+def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
+    process: its own rows, as they are."""
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
 
-    def __init__(self, shape: tuple, device: torch.device):
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
+    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+        self.world_size = world_size
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.double()
+        x = gather_rows(x.double(), self.world_size)
         self.mean, self.var, self.count = update_mean_var_count(
             self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
         )
@@ -622,6 +637,8 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
             args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef, args.norm_adv,
         )  # fmt: skip
         loss.backward()
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(agent.parameters(), args.world_size)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
         return mb_stats
@@ -639,14 +656,14 @@ def ppo_update(update, rollout: dict, args: Args, memory: tuple | None = None) -
     (the state every env started the rollout with, the episode starts, the spans of run_memory), and a minibatch is a
     random group of whole envs whose sequences are replayed from that state: the states are rebuilt with the current
     weights at every epoch, and the first minibatch of the first epoch sees exactly the rollout's probabilities."""
-    device, num_envs = rollout["valid"].device, rollout["valid"].shape[1]
+    device, (num_steps, num_envs) = rollout["valid"].device, rollout["valid"].shape  # this process's envs
     names = ("obs", "actions", "logprobs", "values", "advantages", "returns", "valid")
     flat = {k: rollout[k].flatten(0, 1) for k in names}
     stats, num_updates = torch.zeros(5, device=device), 0
     for _epoch in range(args.update_epochs):
         if memory is None:  # the update's arguments for each minibatch, gathered as it comes
-            perm = torch.randperm(args.batch_size, device=device)
-            minibatches = ([flat[k][mb] for k in names] for mb in perm.split(args.minibatch_size))
+            perm = torch.randperm(num_steps * num_envs, device=device)
+            minibatches = ([flat[k][mb] for k in names] for mb in perm.split(num_steps * num_envs // args.num_minibatches))
         else:
             state, starts, spans = memory
             minibatches = (
@@ -658,8 +675,9 @@ def ppo_update(update, rollout: dict, args: Args, memory: tuple | None = None) -
             mb_stats = update(*arguments)
             stats += mb_stats
             num_updates += 1
-        # one host sync per epoch, and only when the early stop is on (Huang et al. 2022, auxiliary detail 3)
-        if args.target_kl is not None and mb_stats[3].item() > args.target_kl:
+        # one host sync per epoch, and only when the early stop is on (Huang et al. 2022, auxiliary detail 3); under
+        # torchrun the mean over processes, so that all stop at the same epoch
+        if args.target_kl is not None and mean_over_processes(mb_stats[3], args.world_size).item() > args.target_kl:
             break
     return stats / num_updates
 
@@ -703,6 +721,39 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
     return returns
 
 
+def restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank: int, args: Args, device, run_dir) -> tuple[int, int]:
+    """--resume: weights, Adam's moments, the statistics and this process's RNG states from the checkpoint. Returns the
+    step and the iteration to go on from (0 and 1 for a new run)."""
+    if ckpt is None:
+        return 0, 1
+    agent.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
+        if rms is not None:
+            rms.load_state_dict(ckpt[key])
+    restore_rng(process_rng(ckpt, rank, args.world_size), device)
+    if rank == 0:
+        print(f"resumed {run_dir} at step {ckpt['global_step']:,}")
+    return ckpt["global_step"], ckpt["iteration"] + 1
+
+
+def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args, device, writer, run_dir, global_step):
+    """--save-model: the final model written, reloaded from disk into a new agent and evaluated with its observation
+    statistics frozen, as a user who loads it evaluates it."""
+    model_path = os.path.join(run_dir, "ppo.model")
+    save_checkpoint(
+        model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
+    )
+    state = load_checkpoint(model_path, args.env_id, kind="model")
+    eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
+    eval_agent.load_state_dict(state["model"])
+    eval_rms = None
+    if state["obs_rms"] is not None:
+        eval_rms = RunningMeanStd(obs_space.shape, device)
+        eval_rms.load_state_dict(state["obs_rms"])
+    log_final_eval(writer, evaluate(eval_agent, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path)
+
+
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
     """What the run will store, reckoned before anything is allocated (check_storage): the rollout on the training
     device (main's observations, actions and six float32 (T, N) tensors, the update's advantages and returns; frames as
@@ -744,17 +795,30 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
             f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
             "and each new length would compile again; leave out --compile and --cudagraphs"
         )
-    if args.rnn != "none" and args.num_envs % args.num_minibatches:
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.num_envs % args.world_size:
         fail(
-            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}: with --rnn a minibatch "
-            "is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
+            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
+            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
+        )
+    if args.world_size > 1 and args.compile:
+        fail(
+            "--compile runs in one process: with several, gradients are averaged over the processes between the "
+            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
+        )
+    envs_each = args.num_envs // args.world_size
+    each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
+    if args.rnn != "none" and envs_each % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn a "
+            "minibatch is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
         )
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if args.batch_size % args.num_minibatches:
+    if envs_each * args.num_steps % args.num_minibatches:
         fail(
-            f"batch size {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} does not divide into "
+            f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
         )
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
@@ -773,47 +837,160 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
+# ---------------------------------------------------------------------------------------------------------------
+def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
+    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
+    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
+    one GPU). Returns (device, backend, a line to say or None)."""
+    if device.type != "cuda":
+        return device, "gloo", None
+    if local_world_size <= gpus:
+        return torch.device(f"cuda:{local_rank}"), "nccl", None
+    note = (
+        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
+        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
+    )
+    return torch.device("cpu"), "gloo", note
+
+
+def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
+    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.world_size > 1:
+        dist.init_process_group(backend)
+    return rank, device, note
+
+
+def average_gradients(parameters, world_size: int) -> None:
+    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
+    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
+    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
+    if world_size == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x)
+    return x / world_size
+
+
+def gather_objects(local, world_size: int) -> list:
+    """Every process's `local` (any picklable value), in process order."""
+    if world_size == 1:
+        return [local]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, local)
+    return everyone
+
+
+def gather_episodes(finished: list, world_size: int) -> list:
+    """The (step, returns, lengths) of the episodes every process finished in an iteration, in step order and within a
+    step in process order: one exchange per iteration, not one per step."""
+    if world_size == 1:
+        return finished
+    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+
+
+def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
+    """This process's RNG states in a checkpoint, which holds those of every process of the run that wrote it."""
+    written = len(ckpt["rng"])
+    if written != world_size:
+        launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
+        fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
+    return ckpt["rng"][rank]
+
+
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
+    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
+    the next exchange would hang."""
+    if world_size > 1:
+        flag = torch.tensor([len(stop)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not stop:
+            stop.append(signal.SIGTERM)
+
+
+def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
+    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
+    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    if writer is not None:
+        writer.close()
+        launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
+        resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+        print(f"stopped at {where}; resume with: {resume}", flush=True)
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.exit(128 + stop[0])
+
+
+def log_iteration(writer, progress, episodes: list, stats, explained, lr: float, global_step: int, last: bool) -> None:
+    """Process 0's log of an iteration: every process's finished episodes at the steps they ended, the update's mean
+    losses, the explained variance of the value predictions, the learning rate and the progress line."""
+    for step, fin_returns, fin_lengths in episodes:
+        progress.log_episodes(writer, fin_returns, fin_lengths, step)
+    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+    for name, value in zip(names, torch.cat([stats, explained.reshape(1)]).tolist(), strict=True):
+        writer.add_scalar(f"losses/{name}", value, global_step)
+    writer.add_scalar("charts/learning_rate", lr, global_step)
+    progress.log(writer, global_step, global_step, force=last)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Training loop
 # ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
     obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
     check_args(args, obs_space, action_space)
-    device = seed_and_device(args)
+    rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    say_device(device)
+    # only process 0 writes logs, checkpoints and models
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
+    if rank == 0:
+        say_device(device)
+        if note:
+            print(note, flush=True)
 
-    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
+    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)  # the same weights in every process
     # Huang et al. 2022, detail 3; compiled, the rate is a tensor, so that annealing it does not recompile the update
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, eps=1e-5)
     act, update = training_steps(agent, optimizer, args)
-    obs_rms = RunningMeanStd(obs_space.shape, device) if args.norm_obs else None
-    return_rms = RunningMeanStd((), device) if args.norm_reward else None
-    global_step, start_iteration = 0, 1
-    if ckpt:
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
-            if rms is not None:
-                rms.load_state_dict(ckpt[key])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        restore_rng(ckpt["rng"], device)
-        print(f"resumed {run_dir} at step {global_step:,}")
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
+    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
+    if args.world_size > 1:  # each process samples its own actions and minibatches
+        torch.manual_seed(args.seed + rank)
+    global_step, start_iteration = restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank, args, device, run_dir)
+    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
     progress = Progress(args, global_step, args.total_timesteps)
     stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    envs, is_atari = make_env(
-        args.env_id, args.num_envs, args.seed + global_step, args.episodic_life, args.reward_clip, False, args.frame_stack
-    )
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    T, N = args.num_steps, args.num_envs // args.world_size
+    seed = args.seed + global_step + rank * N
+    envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, False, args.frame_stack)
     continuous = isinstance(action_space, gym.spaces.Box)
 
     # rollout storage, preallocated on the device; frames stay uint8
-    T, N = args.num_steps, args.num_envs
     obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
     obs = torch.zeros((T, N) + obs_space.shape, dtype=obs_dtype, device=device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
@@ -836,9 +1013,9 @@ def main(args: Args) -> None:
             optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
-        rollout_state = state  # with memory, where the update replays each env's sequence from
+        rollout_state, finished = state, []  # with memory, where the update replays each env's sequence from
         for step in range(T):
-            global_step += N
+            global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
             with torch.no_grad():
                 action, logprob, _, value, state = act(next_obs, state=state, starts=next_start)
@@ -863,7 +1040,7 @@ def main(args: Args) -> None:
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
                 ep_return, ep_length, score, next_valid, episode_end
             )
-            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+            finished.append((global_step, fin_returns, fin_lengths))
             next_valid = ~done
 
         # --- advantages ---
@@ -880,46 +1057,48 @@ def main(args: Args) -> None:
         memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
         stats = ppo_update(update, rollout, args, memory)
 
-        # --- logging: one host sync per iteration ---
-        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
-        ev = explained_variance(values.flatten(), returns.flatten(), valid.flatten())
-        logged = torch.cat([stats, ev.reshape(1)])
-        for name, value in zip(names, logged.tolist(), strict=True):
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", lr, global_step)
-        progress.log(writer, global_step, global_step, force=iteration == args.num_iterations)
+        # --- logging (process 0, with every process's episodes): one host sync per iteration ---
+        episodes = gather_episodes(finished, args.world_size)
+        if rank == 0:
+            last = iteration == args.num_iterations
+            log_iteration(
+                writer,
+                progress,
+                episodes,
+                stats,
+                explained_variance(values.flatten(), returns.flatten(), valid.flatten()),
+                lr,
+                global_step,
+                last,
+            )
 
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, args.batch_size, args.eval_every):
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
             with progress.paused():
                 log_eval(writer, evaluate(agent, obs_rms, args, device, video_path(args, run_dir, global_step)), global_step)
+        stop_everywhere(stop, args.world_size, device)
         if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                model=agent.state_dict(), optimizer=optimizer.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None, return_rms=return_rms.state_dict() if return_rms else None,
-                global_step=global_step, iteration=iteration, rng=rng_state(device),
-            )  # fmt: skip
+            rngs = gather_objects(rng_state(device), args.world_size)  # every process's, each to resume its own
+            if rank == 0:
+                save_checkpoint(
+                    os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                    model=agent.state_dict(), optimizer=optimizer.state_dict(),
+                    obs_rms=obs_rms.state_dict() if obs_rms else None,
+                    return_rms=return_rms.state_dict() if return_rms else None,
+                    global_step=global_step, iteration=iteration, rng=rngs,
+                )  # fmt: skip
         if stop:
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
+            envs.close()
+            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}")
 
-    # --- final model: saved, reloaded from disk, evaluated with frozen statistics ---
+    # --- final model (process 0): saved, reloaded from disk, evaluated with frozen statistics ---
     envs.close()
+    if args.world_size > 1:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
     if args.save_model:
-        model_path = os.path.join(run_dir, "ppo.model")
-        save_checkpoint(
-            model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
-        )
-        state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
-        eval_agent.load_state_dict(state["model"])
-        eval_rms = None
-        if state["obs_rms"] is not None:
-            eval_rms = RunningMeanStd(obs_space.shape, device)
-            eval_rms.load_state_dict(state["obs_rms"])
-        log_final_eval(
-            writer, evaluate(eval_agent, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path
-        )
+        save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args, device, writer, run_dir, global_step)
     finish(writer, run_dir)
 
 

@@ -513,6 +513,12 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Grid:
     """What the ranges alone cannot tell: whether the env's spaces make a table of sensible size, and flags that only
     make sense together. Returns the grid of the table's rows."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1:
+        fail(
+            f"it trains one table updated step by step in one process, and torchrun started {processes}; "
+            "run it with python (benchmark/run.py runs seeds and envs side by side)"
+        )
     env_id = args.env_id
     if not isinstance(action_space, gym.spaces.Discrete) or action_space.start != 0:
         instead = (

@@ -20,6 +20,7 @@ import envpool
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import tyro
 from torch import nn
 from torch.nn import functional as F
@@ -442,16 +443,28 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64."""
+def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
+    process: its own rows, as they are."""
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
 
-    def __init__(self, shape: tuple, device: torch.device):
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
+    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
         self.var = torch.ones(shape, dtype=torch.float64, device=device)
         self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+        self.world_size = world_size
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.double()
+        x = gather_rows(x.double(), self.world_size)
         self.mean, self.var, self.count = update_mean_var_count(
             self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
         )

@@ -1,0 +1,42 @@
+"""Run an algorithm script as torchrun runs it, then save what this process holds at the end: the weights of the
+network it trained and its normalisation statistics, to $PROBE_DIR/rank<RANK>.pt. The tests compare the files that the
+processes of one run leave, which the script itself never writes (only process 0 saves anything).
+
+    PROBE_DIR=/tmp/p torchrun --standalone --nproc_per_node 2 tests/rank_probe.py ppo --env-id CartPole-v1 ...
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmark"))
+from algos import load_algorithm  # noqa: E402
+
+name, argv = sys.argv[1], sys.argv[2:]
+module = load_algorithm(name)
+trained, statistics = [], []
+
+# the network is the one handed to training_steps (storage() builds a throwaway one first, evaluation another);
+# the statistics are those kept over every process (the final evaluation's frozen copy is not)
+make_steps, make_statistics = module.training_steps, module.RunningMeanStd.__init__
+
+
+def recording_training_steps(agent, *rest):
+    trained.append(agent)
+    return make_steps(agent, *rest)
+
+
+def recording_statistics(self, *args, **kwargs):
+    make_statistics(self, *args, **kwargs)
+    if self.world_size > 1:
+        statistics.append(self)
+
+
+module.training_steps, module.RunningMeanStd.__init__ = recording_training_steps, recording_statistics
+sys.argv = [str(ROOT / "algorithms" / f"{name}.py"), *argv]  # the resume line names the script
+module.main(module.parse_args(argv))
+out = Path(os.environ["PROBE_DIR"]) / f"rank{os.environ['RANK']}.pt"
+torch.save(dict(model=trained[0].state_dict(), statistics=[rms.state_dict() for rms in statistics]), out)

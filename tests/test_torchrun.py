@@ -1,0 +1,151 @@
+"""Data-parallel training under torchrun, on the CPU with gloo: processes that keep the same weights and statistics,
+each stepping its own share of the envs; only process 0 writes; stop, resume and several nodes; bad input."""
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (
+    CPU,
+    ROOT,
+    SMOKE_TIMEOUT,
+    assert_one_error_line,
+    load_algorithm,
+    one_thread,
+    run_algorithm,
+    run_bad_input,
+    run_dirs,
+    scalars,
+)
+
+ppo = load_algorithm("ppo")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun(*args: str, cwd, processes: int = 2, launcher=(), env=None) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node <processes> <args>` (or the given launcher flags) in cwd, checked."""
+    launch = list(launcher) or ["--standalone", "--nproc_per_node", str(processes)]
+    proc = subprocess.run(
+        [*TORCHRUN, *launch, *args], cwd=cwd, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, env=one_thread(env)
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def episodes(run) -> list[tuple[int, float]]:
+    """Every logged episode as (step, length), in the order of the event file."""
+    return [(step, length) for step, length, _ in scalars(run)["charts/episodic_length"]]
+
+
+def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_every_episode(tmp_path):
+    """Pendulum with the mujoco preset (observation and reward normalisation) and an early stop on the KL, split over
+    two processes: at the end both hold the same weights and statistics, to the bit (tests/rank_probe.py saves what
+    each holds); only process 0 made a run directory, with a checkpoint holding both processes' RNG states; and the
+    episodes it logged are those of one process with the same 4 envs, step for step (Pendulum's episodes all last
+    200 steps, so they end at the same steps whatever the policy)."""
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--num-steps", "256", "--total-timesteps", "4096"]
+    flags += ["--update-epochs", "2", "--target-kl", "0.01", "--checkpoint-every", "2048", "--progress-interval", "0", CPU]
+    torchrun(str(ROOT / "tests" / "rank_probe.py"), "ppo", *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
+    held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
+    assert len(held[0]["statistics"]) == 2  # observations and returns
+    for a, b in zip(held[0]["statistics"], held[1]["statistics"], strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    (run,) = run_dirs(tmp_path)
+    assert len(torch.load(run / "checkpoint.pt", weights_only=False)["rng"]) == 2
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    run_algorithm("ppo", *flags, cwd=alone)
+    assert episodes(run) == episodes(run_dirs(alone)[0]) and len(episodes(run)) == 4 * (4096 // 4 // 201)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "masked_envs:CartPoleNoVel-v1"])
+def test_process_r_steps_envs_r_times_n_to_the_next_share_of_one_process_with_them_all(env_id):
+    """main gives process r the seed `seed + r * N` for its N envs: envpool and gymnasium seed env i of a pool with
+    seed + i, so two processes of 2 envs step the same envs as one process of 4 (same first observations, same
+    observations after the same actions)."""
+    one, _ = ppo.make_env(env_id, 4, 7, False, False)
+    shares = [ppo.make_env(env_id, 2, 7 + r * 2, False, False)[0] for r in (0, 1)]
+    first = [one.reset()[0], np.concatenate([share.reset()[0] for share in shares])]
+    np.testing.assert_array_equal(first[0], first[1])
+    actions = np.array([0, 1, 1, 0])
+    for _ in range(5):
+        after = [one.step(actions)[0], np.concatenate([s.step(actions[2 * r : 2 * r + 2])[0] for r, s in enumerate(shares)])]
+        np.testing.assert_array_equal(after[0], after[1])
+
+
+def test_a_stopped_torchrun_run_resumes_with_every_process_and_no_step_lost_or_repeated(tmp_path):
+    """SIGTERM to the launcher (torchrun passes it to both processes): they stop after the same iteration, process 0
+    writes one checkpoint and a resume line that names torchrun, and the resumed run reaches the last step with every
+    iteration logged once."""
+    total, batch = 10240, 4 * 128
+    script = str(ROOT / "algorithms" / "ppo.py")
+    flags = ["--env-id", "CartPole-v1", "--total-timesteps", str(total), "--progress-interval", "0", CPU]
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *flags]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=one_thread(None)
+    )
+    for line in proc.stdout:
+        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 3072:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, _ = proc.communicate(timeout=SMOKE_TIMEOUT)
+    assert proc.returncode != 0 and "resume with: torchrun --nproc_per_node 2 " in out, out[-3000:]
+    (run,) = run_dirs(tmp_path)
+    torchrun(script, "--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
+    steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
+    assert steps == list(range(batch, total + 1, batch))
+    # a checkpoint of 2 processes, resumed by one: refused in one line
+    proc = run_bad_input("ppo", ["--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt")], tmp_path, "")
+    assert_one_error_line("ppo", proc, r"written by 2 process\(es\), and this run has 1; resume it with torchrun --nproc_per")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_this_machine_train_to_the_end(tmp_path):
+    """Two launchers, as on two machines: `--nnodes 2 --node-rank i` with a c10d rendezvous on localhost, one process
+    each. The run ends, and only node 0's process 0 wrote a run directory."""
+    endpoint = f"localhost:{free_port()}"
+    flags = [str(ROOT / "algorithms" / "ppo.py"), "--env-id", "CartPole-v1", "--total-timesteps", "2048", CPU]
+    nodes = []
+    for node in (0, 1):
+        (tmp_path / f"node{node}").mkdir()
+        launcher = ["--nnodes", "2", "--nproc_per_node", "1", "--node-rank", str(node), "--rdzv-backend", "c10d"]
+        launcher += ["--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes"]
+        nodes.append(
+            subprocess.Popen(
+                [*TORCHRUN, *launcher, *flags], cwd=tmp_path / f"node{node}", stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, env=one_thread(None),
+            )
+        )  # fmt: skip
+    outs = [node.communicate(timeout=SMOKE_TIMEOUT)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-2000:] for out in outs)
+    written = [sorted(p.name for p in (tmp_path / f"node{n}").glob("runs/*")) for n in (0, 1)]
+    assert [len(w) for w in written] in ([1, 0], [0, 1])  # the node whose process got rank 0
+
+
+@pytest.mark.parametrize(
+    "script, flags, message",
+    [
+        ("ppo", ["--num-envs", "3"], r"--num-envs 3 does not split evenly over 2 processes.*pass a multiple of 2"),
+        ("ppo", ["--compile"], r"--compile runs in one process.*leave out --compile"),
+        ("ppo", ["--rnn", "lstm", "--num-minibatches", "8"], r"does not divide --num-envs 8 \(4 in each of 2 processes\)"),
+        ("dqn", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
+        ("ddpg_td3", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
+        ("qlearning", [], r"one table updated step by step in one process, and torchrun started 2"),
+    ],
+)
+def test_bad_input_under_torchrun_gets_one_line(script, flags, message, tmp_path, monkeypatch):
+    """What torchrun sets (WORLD_SIZE) is all the checks read, so one process with it set stands for a launch."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert_one_error_line(script, run_bad_input(script, flags, tmp_path, "CartPole-v1"), message)
