@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import typing
 import warnings
 from dataclasses import dataclass
@@ -515,7 +516,26 @@ def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
         torch.cuda.set_device(device)
     if args.world_size > 1:
         dist.init_process_group(backend)
+        sys.excepthook = lost_process_line(rank)
     return rank, device, note
+
+
+def lost_process_line(rank: int):
+    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
+    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
+    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+
+    def hook(kind, error, tb):
+        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+            return sys.__excepthook__(kind, error, tb)
+        print(
+            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
+            "collective); torchrun's report names the process that failed first",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return hook
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:

@@ -1,11 +1,13 @@
 """Data-parallel training under torchrun, on the CPU with gloo: processes that keep the same weights and statistics,
 each stepping its own share of the envs; only process 0 writes; stop, resume and several nodes; bad input."""
 
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -104,6 +106,26 @@ def test_a_stopped_torchrun_run_resumes_with_every_process_and_no_step_lost_or_r
     # a checkpoint of 2 processes, resumed by one: refused in one line
     proc = run_bad_input("ppo", ["--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt")], tmp_path, "")
     assert_one_error_line("ppo", proc, r"written by 2 process\(es\), and this run has 1; resume it with torchrun --nproc_per")
+
+
+def test_a_killed_process_ends_the_run_soon_with_one_line(tmp_path):
+    """SIGKILL to one of the two processes mid-run: torchrun stops the other, whose collective fails at once, and it
+    says so in one line (no traceback); the launcher exits non-zero within seconds, not at a collective's timeout."""
+    flags = ["--env-id", "CartPole-v1", "--total-timesteps", "500000", "--progress-interval", "0", CPU]
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "algorithms" / "ppo.py"), *flags]
+    out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=one_thread(None), **out)
+    for line in proc.stdout:
+        if line.startswith("step 4,096/"):
+            workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            os.kill(int(workers[-1]), signal.SIGKILL)
+            killed = time.time()
+            break
+    out, _ = proc.communicate(timeout=SMOKE_TIMEOUT)
+    assert proc.returncode != 0 and time.time() - killed < 60, out[-3000:]
+    lines = [line for line in out.splitlines() if "ppo.py: error:" in line]
+    assert len(lines) == 1 and "another process of this run is gone" in lines[0], out[-3000:]
+    assert "]: Traceback" not in out  # torchrun prefixes a process's own traceback with its rank
 
 
 def free_port() -> int:
