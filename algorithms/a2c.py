@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import typing
 import warnings
 from dataclasses import dataclass
@@ -125,11 +126,13 @@ class Args:
     """num_envs * num_steps (computed)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
@@ -594,6 +597,8 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
             newlogprob, entropy, newvalue, advantages, returns, valid, args.ent_coef, args.vf_coef, args.norm_adv
         )
         loss.backward()
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(agent.parameters(), args.world_size)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
         return step_stats
@@ -644,6 +649,39 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
     return returns
 
 
+def restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank: int, args: Args, device, run_dir) -> tuple[int, int]:
+    """--resume: weights, Adam's moments, the statistics and this process's RNG states from the checkpoint. Returns the
+    step and the iteration to go on from (0 and 1 for a new run)."""
+    if ckpt is None:
+        return 0, 1
+    agent.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
+        if rms is not None:
+            rms.load_state_dict(ckpt[key])
+    restore_rng(process_rng(ckpt, rank, args.world_size), device)
+    if rank == 0:
+        print(f"resumed {run_dir} at step {ckpt['global_step']:,}")
+    return ckpt["global_step"], ckpt["iteration"] + 1
+
+
+def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args, device, writer, run_dir, global_step):
+    """--save-model: the final model written, reloaded from disk into a new agent and evaluated with its observation
+    statistics frozen, as a user who loads it evaluates it."""
+    model_path = os.path.join(run_dir, f"{SCRIPT[:-3]}.model")
+    save_checkpoint(
+        model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
+    )
+    state = load_checkpoint(model_path, args.env_id, kind="model")
+    eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
+    eval_agent.load_state_dict(state["model"])
+    eval_rms = None
+    if state["obs_rms"] is not None:
+        eval_rms = RunningMeanStd(obs_space.shape, device)
+        eval_rms.load_state_dict(state["obs_rms"])
+    log_final_eval(writer, evaluate(eval_agent, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path)
+
+
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
     """What the run will store, reckoned before anything is allocated (check_storage): the rollout on the training
     device (main's observations, actions and five float32 (T, N) tensors, the update's advantages and returns; frames
@@ -682,6 +720,17 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
             f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
             "and each new length would compile again; leave out --compile and --cudagraphs"
         )
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.num_envs % args.world_size:
+        fail(
+            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
+            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
+        )
+    if args.world_size > 1 and args.compile:
+        fail(
+            "--compile runs in one process: with several, gradients are averaged over the processes between the "
+            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
+        )
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
@@ -700,45 +749,157 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
+# ---------------------------------------------------------------------------------------------------------------
+def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
+    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
+    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
+    one GPU). Returns (device, backend, a line to say or None)."""
+    if device.type != "cuda":
+        return device, "gloo", None
+    if local_world_size <= gpus:
+        return torch.device(f"cuda:{local_rank}"), "nccl", None
+    note = (
+        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
+        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
+    )
+    return torch.device("cpu"), "gloo", note
+
+
+def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
+    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.world_size > 1:
+        dist.init_process_group(backend)
+        sys.excepthook = lost_process_line(rank)
+    return rank, device, note
+
+
+def lost_process_line(rank: int):
+    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
+    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
+    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+
+    def hook(kind, error, tb):
+        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+            return sys.__excepthook__(kind, error, tb)
+        print(
+            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
+            "collective); torchrun's report names the process that failed first",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return hook
+
+
+def average_gradients(parameters, world_size: int) -> None:
+    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
+    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
+    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def gather_objects(local, world_size: int) -> list:
+    """Every process's `local` (any picklable value), in process order."""
+    if world_size == 1:
+        return [local]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, local)
+    return everyone
+
+
+def gather_episodes(finished: list, world_size: int) -> list:
+    """The (step, returns, lengths) of the episodes every process finished in an iteration, in step order and within a
+    step in process order: one exchange per iteration, not one per step."""
+    if world_size == 1:
+        return finished
+    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+
+
+def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
+    """This process's RNG states in a checkpoint, which holds those of every process of the run that wrote it."""
+    written = len(ckpt["rng"])
+    if written != world_size:
+        launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
+        fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
+    return ckpt["rng"][rank]
+
+
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
+    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
+    the next exchange would hang."""
+    if world_size > 1:
+        flag = torch.tensor([len(stop)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not stop:
+            stop.append(signal.SIGTERM)
+
+
+def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
+    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
+    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    if writer is not None:
+        writer.close()
+        launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
+        resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+        print(f"stopped at {where}; resume with: {resume}", flush=True)
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.exit(128 + stop[0])
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Training loop
 # ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    device = seed_and_device(args)
+    rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    say_device(device)
+    # only process 0 writes logs, checkpoints and models
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
+    if rank == 0:
+        say_device(device)
+        if note:
+            print(note, flush=True)
 
-    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
+    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)  # the same weights in every process
     optimizer = make_optimizer(agent.parameters(), args)
     if args.compile:  # the rate as a tensor, so that annealing it does not recompile the update
         optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=device)
     act, update = training_steps(agent, optimizer, args)
-    obs_rms = RunningMeanStd(obs_space.shape, device) if args.norm_obs else None
-    return_rms = RunningMeanStd((), device) if args.norm_reward else None
-    global_step, start_iteration = 0, 1
-    if ckpt:
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
-            if rms is not None:
-                rms.load_state_dict(ckpt[key])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        restore_rng(ckpt["rng"], device)
-        print(f"resumed {run_dir} at step {global_step:,}")
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
+    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
+    if args.world_size > 1:  # each process samples its own actions
+        torch.manual_seed(args.seed + rank)
+    global_step, start_iteration = restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank, args, device, run_dir)
+    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
     progress = Progress(args, global_step, args.total_timesteps)
     stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    envs, is_atari = make_env(args.env_id, args.num_envs, args.seed + global_step, args.episodic_life, args.reward_clip)
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    T, N = args.num_steps, args.num_envs // args.world_size
+    envs, is_atari = make_env(args.env_id, N, args.seed + global_step + rank * N, args.episodic_life, args.reward_clip)
     continuous = isinstance(action_space, gym.spaces.Box)
 
     # rollout storage, preallocated on the device; frames stay uint8
-    T, N = args.num_steps, args.num_envs
     obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32)
     obs = obs.to(device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
@@ -754,6 +915,7 @@ def main(args: Args) -> None:
     discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     stats, num_updates = torch.zeros(3, device=device), 0  # summed over the log interval, on the device
+    finished = []  # the episodes ended since the last log, as (step, returns, lengths)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
@@ -765,7 +927,7 @@ def main(args: Args) -> None:
         # --- rollout ---
         rollout_state = state  # with memory, where the update replays each env's sequence from
         for step in range(T):
-            global_step += N
+            global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
             with torch.no_grad():
                 action, _, _, value, state = act(next_obs, state=state, starts=next_start)
@@ -790,7 +952,7 @@ def main(args: Args) -> None:
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
                 ep_return, ep_length, score, next_valid, episode_end
             )
-            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+            finished.append((global_step, fin_returns, fin_lengths))
             next_valid = ~done
 
         # --- n-step returns (GAE with lambda 1 by default) ---
@@ -807,48 +969,49 @@ def main(args: Args) -> None:
         stats += update(obs.flatten(0, 1) if state is None else obs, b_actions, b_advantages, b_returns, b_valid, *memory)
         num_updates += 1
 
-        # --- logging: one host sync per log interval, since 5-step rollouts make an iteration short ---
+        # --- logging (process 0, with every process's episodes): one host sync and one exchange per log interval,
+        # since 5-step rollouts make an iteration short ---
+        stop_everywhere(stop, args.world_size, device)
         last = iteration == args.num_iterations
         if iteration % args.log_interval == 0 or last or stop:
-            names = ("policy_loss", "value_loss", "entropy", "explained_variance")
-            logged = torch.cat([stats / num_updates, explained_variance(b_values, b_returns, b_valid).reshape(1)])
-            for name, value in zip(names, logged.tolist(), strict=True):
-                writer.add_scalar(f"losses/{name}", value, global_step)
+            episodes, finished = gather_episodes(finished, args.world_size), []
+            if rank == 0:
+                for step, fin_returns, fin_lengths in episodes:
+                    progress.log_episodes(writer, fin_returns, fin_lengths, step)
+                names = ("policy_loss", "value_loss", "entropy", "explained_variance")
+                logged = torch.cat([stats / num_updates, explained_variance(b_values, b_returns, b_valid).reshape(1)])
+                for name, value in zip(names, logged.tolist(), strict=True):
+                    writer.add_scalar(f"losses/{name}", value, global_step)
+                writer.add_scalar("charts/learning_rate", lr, global_step)
+                progress.log(writer, global_step, global_step, force=last)
             stats, num_updates = torch.zeros(3, device=device), 0
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            progress.log(writer, global_step, global_step, force=last)
 
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, args.batch_size, args.eval_every):
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
             with progress.paused():
                 log_eval(writer, evaluate(agent, obs_rms, args, device, video_path(args, run_dir, global_step)), global_step)
         if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                model=agent.state_dict(), optimizer=optimizer.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None, return_rms=return_rms.state_dict() if return_rms else None,
-                global_step=global_step, iteration=iteration, rng=rng_state(device),
-            )  # fmt: skip
+            rngs = gather_objects(rng_state(device), args.world_size)  # every process's, each to resume its own
+            if rank == 0:
+                save_checkpoint(
+                    os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+                    model=agent.state_dict(), optimizer=optimizer.state_dict(),
+                    obs_rms=obs_rms.state_dict() if obs_rms else None,
+                    return_rms=return_rms.state_dict() if return_rms else None,
+                    global_step=global_step, iteration=iteration, rng=rngs,
+                )  # fmt: skip
         if stop:
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
+            envs.close()
+            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}")
 
-    # --- final model: saved, reloaded from disk, evaluated with frozen statistics ---
+    # --- final model (process 0): saved, reloaded from disk, evaluated with frozen statistics ---
     envs.close()
+    if args.world_size > 1:
+        dist.destroy_process_group()
+    if rank != 0:
+        return
     if args.save_model:
-        model_path = os.path.join(run_dir, "a2c.model")
-        save_checkpoint(
-            model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
-        )
-        state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
-        eval_agent.load_state_dict(state["model"])
-        eval_rms = None
-        if state["obs_rms"] is not None:
-            eval_rms = RunningMeanStd(obs_space.shape, device)
-            eval_rms.load_state_dict(state["obs_rms"])
-        log_final_eval(
-            writer, evaluate(eval_agent, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path
-        )
+        save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args, device, writer, run_dir, global_step)
     finish(writer, run_dir)
 
 

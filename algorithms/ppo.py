@@ -741,7 +741,7 @@ def restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank: int, args: Ar
 def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args, device, writer, run_dir, global_step):
     """--save-model: the final model written, reloaded from disk into a new agent and evaluated with its observation
     statistics frozen, as a user who loads it evaluates it."""
-    model_path = os.path.join(run_dir, "ppo.model")
+    model_path = os.path.join(run_dir, f"{SCRIPT[:-3]}.model")
     save_checkpoint(
         model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
     )

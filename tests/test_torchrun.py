@@ -45,15 +45,22 @@ def episodes(run) -> list[tuple[int, float]]:
     return [(step, length) for step, length, _ in scalars(run)["charts/episodic_length"]]
 
 
-def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_every_episode(tmp_path):
-    """Pendulum with the mujoco preset (observation and reward normalisation) and an early stop on the KL, split over
-    two processes: at the end both hold the same weights and statistics, to the bit (tests/rank_probe.py saves what
-    each holds); only process 0 made a run directory, with a checkpoint holding both processes' RNG states; and the
-    episodes it logged are those of one process with the same 4 envs, step for step (Pendulum's episodes all last
-    200 steps, so they end at the same steps whatever the policy)."""
-    flags = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--num-steps", "256", "--total-timesteps", "4096"]
-    flags += ["--update-epochs", "2", "--target-kl", "0.01", "--checkpoint-every", "2048", "--progress-interval", "0", CPU]
-    torchrun(str(ROOT / "tests" / "rank_probe.py"), "ppo", *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("ppo", ["--num-steps", "256", "--update-epochs", "2", "--target-kl", "0.01"]),
+        ("a2c", ["--norm-obs", "--norm-reward", "--rnn", "lstm"]),
+    ],
+)
+def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_every_episode(tmp_path, script, flags):
+    """Pendulum with observation and reward normalisation (ppo.py: the mujoco preset, with an early stop on the KL;
+    a2c.py: with memory), split over two processes: at the end both hold the same weights and statistics, to the bit
+    (tests/rank_probe.py saves what each holds); only process 0 made a run directory, with a checkpoint holding both
+    processes' RNG states; and the episodes it logged are those of one process with the same 4 envs, step for step
+    (Pendulum's episodes all last 200 steps, so they end at the same steps whatever the policy)."""
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--total-timesteps", "4096", *flags]
+    flags += ["--checkpoint-every", "2048", "--progress-interval", "0", CPU]
+    torchrun(str(ROOT / "tests" / "rank_probe.py"), script, *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
     held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
     assert len(held[0]["statistics"]) == 2  # observations and returns
@@ -63,7 +70,7 @@ def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_e
     assert len(torch.load(run / "checkpoint.pt", weights_only=False)["rng"]) == 2
     alone = tmp_path / "alone"
     alone.mkdir()
-    run_algorithm("ppo", *flags, cwd=alone)
+    run_algorithm(script, *flags, cwd=alone)
     assert episodes(run) == episodes(run_dirs(alone)[0]) and len(episodes(run)) == 4 * (4096 // 4 // 201)
 
 
@@ -162,6 +169,8 @@ def test_two_nodes_on_this_machine_train_to_the_end(tmp_path):
         ("ppo", ["--num-envs", "3"], r"--num-envs 3 does not split evenly over 2 processes.*pass a multiple of 2"),
         ("ppo", ["--compile"], r"--compile runs in one process.*leave out --compile"),
         ("ppo", ["--rnn", "lstm", "--num-minibatches", "8"], r"does not divide --num-envs 8 \(4 in each of 2 processes\)"),
+        ("a2c", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes.*pass a multiple of 2"),
+        ("a2c", ["--compile"], r"--compile runs in one process.*leave out --compile"),
         ("dqn", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
         ("ddpg_td3", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
         ("qlearning", [], r"one table updated step by step in one process, and torchrun started 2"),
