@@ -839,6 +839,14 @@ def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
     return ckpt["rng"][rank]
 
 
+def end_processes(world_size: int) -> None:
+    """Leave the process group together: a barrier first, so that no process tears its connections down while another
+    is still in its last exchange (one that did so was seen to abort at exit)."""
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
     """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
     the next exchange would hang."""
@@ -1006,8 +1014,7 @@ def main(args: Args) -> None:
 
     # --- final model (process 0): saved, reloaded from disk, evaluated with frozen statistics ---
     envs.close()
-    if args.world_size > 1:
-        dist.destroy_process_group()
+    end_processes(args.world_size)
     if rank != 0:
         return
     if args.save_model:
