@@ -2,6 +2,7 @@
 
     python benchmark/speed.py                   # every configuration below, into benchmark/results/speed.md
     python benchmark/speed.py --only ppo        # one algorithm's rows
+    python benchmark/speed.py --scaling         # 1 process x 2 threads against 2 torchrun processes x 1 thread
 
 The fraction (script SPS / env SPS) is the share of the env's speed the learner keeps: the figure to watch when
 changing a hot loop. The scripts with `--compile` run each row a second time compiled, right after the eager run, and
@@ -48,6 +49,8 @@ CONFIGS = [
     ("ppg_procgen", "StarpilotEasy-v0", 64, 49_152, ["--n-pi", "2", "--e-aux", "1"]),
     ("rnd_ppo", "MontezumaRevenge-v5", 128, 32_768, ["--num-iterations-obs-norm-init", "0"]),
 ]
+# the scripts that train data-parallel under torchrun, and the rows --scaling times with 1 and 2 processes
+SCALING = [c for c in CONFIGS if (c[0], c[1]) in {("ppo", "CartPole-v1"), ("ppo", "Breakout-v5"), ("a2c", "CartPole-v1")}]
 # the scripts with --compile (and --cudagraphs, CUDA only)
 COMPILED = {"ppo", "a2c", "dqn", "ddpg_td3"}
 # es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
@@ -77,16 +80,20 @@ def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def train(algo: str, env_id: str, num_envs: int, steps: int, flags: list[str]) -> tuple[dict, float]:
-    """One training run in a temporary folder: its logged scalars and the whole process's wall time in seconds."""
+def train(algo, env_id, num_envs, steps, flags, processes: int = 1, threads: int | None = None) -> tuple[dict, float]:
+    """One training run in a temporary folder: its logged scalars and the whole run's wall time in seconds. With
+    processes > 1, under torchrun (gloo on the CPU); threads sets each process's OMP_NUM_THREADS."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(ROOT / "algorithms" / f"{algo}.py"), "--env-id", env_id]
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+        cmd = [sys.executable, *(launcher if processes > 1 else []), str(ROOT / "algorithms" / f"{algo}.py")]
+        cmd += ["--env-id", env_id]
         if algo == "es":
             cmd += ["--population-size", str(num_envs), "--num-generations", str(steps), *flags]
         else:
             cmd += ["--num-envs", str(num_envs), "--total-timesteps", str(steps), *flags]
         start = time.perf_counter()
-        subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+        subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, text=True, env=env)
         seconds = time.perf_counter() - start
         (run,) = (Path(tmp) / "runs").iterdir()
         return read_scalars(str(run)), seconds
@@ -149,14 +156,55 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
     return cells
 
 
+def scaling(steps_scale: float, out: str) -> str:
+    """Each SCALING row twice on the same cores, back to back: one process with 2 torch threads, then 2 torchrun processes
+    with one thread each and half the envs each; their SPS (all processes' steps over process 0's training time) and
+    whole-run wall times, and the ratio of the two SPS."""
+    rows = []
+    for algo, env_id, num_envs, steps, flags in SCALING:
+        budget = max(int(steps * steps_scale), 1)
+        runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
+        (one, one_s), (two, two_s) = ((script_sps(logged, flags)[0], seconds) for logged, seconds in runs)
+        cells = [f"{algo}.py", env_id, f"{num_envs}", f"{budget:,}", f"{one:,.0f} ({one_s:.0f} s)"]
+        rows.append("| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |")
+        print(rows[-1], flush=True)
+    cpu = platform.processor() or platform.machine()
+    text = "\n".join(
+        [
+            "# One process with two threads against two processes with one thread each",
+            "",
+            f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}, CPU "
+            "(gloo). Command: `python benchmark/speed.py --scaling`. SPS: all processes' env steps per second of training"
+            " (evaluation excluded); in brackets the whole run's wall time, start-up included.",
+            "",
+            "| script | env | envs | steps | 1 process x 2 threads: SPS (wall) | 2 processes x 1 thread: SPS (wall) | "
+            "2 processes against 1 |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="*", default=None, help="rows to measure, as ALGO or ALGO:ENV_ID (default: all)")
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every training budget (e.g. 0.1 to try)")
     p.add_argument("--env-seconds", type=float, default=5.0, help="seconds of random stepping per env")
     p.add_argument("--no-compile", action="store_true", help="leave out the compiled runs (their columns show '-')")
-    p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "speed.md"), help="markdown file to write")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="markdown file to write (default: benchmark/results/speed.md, or with --scaling speed_scaling.md)",
+    )
+    p.add_argument("--scaling", action="store_true", help="time the torchrun rows with 1 and 2 processes instead")
     args = p.parse_args(argv)
+    args.out = args.out or str(ROOT / "benchmark" / "results" / ("speed_scaling.md" if args.scaling else "speed.md"))
+    if args.scaling:
+        return scaling(args.steps_scale, args.out)
     configs = [c for c in CONFIGS if args.only is None or c[0] in args.only or f"{c[0]}:{c[1]}" in args.only]
     rows, cuda = [], torch.cuda.is_available()
     for algo, env_id, num_envs, steps, flags in configs:

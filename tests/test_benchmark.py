@@ -190,6 +190,23 @@ def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_r
     assert 0 < learner < env and cells[6] == f"{learner / env:.1%}" and cells[7:] == ["-", "- "]
 
 
+def test_scaling_rows_time_one_process_with_two_threads_against_two_processes_with_one(tmp_path, monkeypatch):
+    """--scaling: each torchrun row once as 1 process x 2 threads and once as 2 processes x 1 thread, the same budget,
+    and the ratio of their SPS (here made up: 1,000 against 1,500)."""
+    calls = []
+
+    def fake_train(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        calls.append((algo, env_id, steps, processes, threads))
+        return {"charts/SPS": [(steps, 500.0 * (processes + 1), 1.0)]}, 10.0 * processes
+
+    monkeypatch.setattr(speed, "train", fake_train)
+    text = speed.main(["--scaling", "--steps-scale", "0.5", "--out", str(tmp_path / "s.md")])
+    assert [c[3:] for c in calls] == [(1, 2), (2, 1)] * len(speed.SCALING)
+    assert [c[:3] for c in calls[::2]] == [(a, e, int(n * 0.5)) for a, e, _, n, _ in speed.SCALING]
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(speed.SCALING) and all(row.endswith("| 1,000 (10 s) | 1,500 (20 s) | 1.50x |") for row in rows)
+
+
 def sps_events(rate: float, start: float = 0.0) -> dict:
     """charts/SPS events every 2,000 steps to 100,000 of a run that steps `rate` per second after `start` seconds."""
     return {"charts/SPS": [(step, 0.0, start + step / rate) for step in range(2000, 100_001, 2000)]}
