@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 import time
+import traceback
 import typing
 import warnings
 from dataclasses import dataclass
@@ -137,11 +138,13 @@ class Args:
     """batch_size // num_minibatches (computed)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
@@ -476,7 +479,7 @@ class RunningMeanStd:
         self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
 
 
-def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 64) -> None:
+def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 64, world_size: int = 1) -> None:
     """Merge the per-pixel mean and variance of uint8 frames (n, 1, 84, 84) into rms, without a Python object per frame:
     sums of pixels and of their squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; small
     chunks stay in the cache: 0.1 s for 16,384 frames on one core), added up in float64."""
@@ -488,6 +491,10 @@ def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 6
         total += x.sum(0)
         squares += (x * x).sum(0)
     n = frames.shape[0]
+    if world_size > 1:  # under torchrun, every process's frames (as many in each): their sums added over the processes
+        sums = torch.stack([total, squares])
+        dist.all_reduce(sums)
+        (total, squares), n = sums, n * world_size
     mean = total / n
     var = (squares / n - mean**2).clamp(min=0.0)
     mean, var = mean.reshape(frames.shape[1:]), var.reshape(frames.shape[1:])
@@ -521,11 +528,13 @@ def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Ten
     return filtered, rewems
 
 
-def normalize_intrinsic(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, rms: RunningMeanStd, gamma: float):
+def normalize_intrinsic(rewards, rewems, valid, rms: RunningMeanStd, gamma: float, world_size: int = 1):
     """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py):
     the rollout's filtered values (reset steps left out) update the running variance first, as the reference's does, then
     the whole rollout is divided by its square root. Returns (normalised rewards, rewems for the next rollout)."""
     filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
+    if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs) would be
+        filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
     kept = filtered[valid.bool()]
     if kept.numel():
         rms.update(kept)
@@ -652,6 +661,8 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
         return loss.detach()
 
     def step():
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(params, args.world_size)
         optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
 
     steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
@@ -667,16 +678,18 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
     return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
 
 
-def minibatches(args: Args, device: torch.device, memory: tuple | None):
+def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_size: int | None = None):
     """The minibatches of one epoch, each as (its batch indices, its chunks, the indices of its frames the predictor
     trains on), a chunk as (batch indices, positions in the minibatch, memory arguments). Without memory: random steps,
     in chunks of chunk_size steps, the predictor on the first update_proportion (a random subset, since the minibatch
     is a slice of a random permutation; the reference draws each entry with that probability). With memory (the
     state every env started the rollout with, the episode starts, the spans of run_memory): random groups of whole
     envs, time first, in chunks of whole envs (chunk_size steps' worth, at least one env) replayed from that state."""
-    num_predicted = max(1, round(args.update_proportion * args.minibatch_size))
+    batch_size = batch_size or args.batch_size  # this process's share of the batch (under torchrun)
+    minibatch_size = batch_size // args.num_minibatches
+    num_predicted = max(1, round(args.update_proportion * minibatch_size))
     if memory is None:
-        for mb in torch.randperm(args.batch_size, device=device).split(args.minibatch_size):
+        for mb in torch.randperm(batch_size, device=device).split(minibatch_size):
             chunks = [
                 (mb[i : i + args.chunk_size], slice(i, i + args.chunk_size), ()) for i in range(0, len(mb), args.chunk_size)
             ]
@@ -701,7 +714,7 @@ def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args
     device, chunk = batch["valid"].device, args.chunk_size
     stats, num_updates = torch.zeros(7, device=device), 0
     for _epoch in range(args.update_epochs):
-        for mb, chunks, chosen in minibatches(args, device, memory):
+        for mb, chunks, chosen in minibatches(args, device, memory, len(batch["valid"])):
             valid = batch["valid"][mb]
             count, advantages = valid.sum().clamp(min=1.0), batch["advantages"][mb]
             if args.norm_adv:
@@ -720,24 +733,26 @@ def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args
     return stats / num_updates
 
 
-def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iterations: int, num_actions: int, interval: float):
+def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iterations: int, num_actions: int, args: Args):
     """The observation statistics from uniformly random actions before training (the reference's
     collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
     `iterations` rollouts of frames.shape[0] steps, the last frame of each observation written into `frames` (the
     rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the statistics about
-    0.1 s a rollout), so a line every `interval` seconds says how far it is, and one more when it is done. Returns the
+    0.1 s a rollout), so a line every --progress-interval seconds says how far it is, and one more when it is done. Under
+    torchrun each process steps its own envs, and the statistics are those of every process's frames. Returns the
     seconds it took."""
     start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
     for i in range(iterations):
         for step in range(num_steps):
             next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
             frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
-        update_frame_stats(obs_rms, frames.flatten(0, 1))
-        if time.time() - last_print > interval and i + 1 < iterations:
+        update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
+        if time.time() - last_print > args.progress_interval and i + 1 < iterations:
             last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
             print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
     seconds = time.time() - start
-    print(f"observation statistics from {iterations * num_steps * num_envs:,} random steps in {seconds:.1f} s")
+    steps = iterations * num_steps * num_envs * args.world_size
+    print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
     return seconds
 
 
@@ -768,21 +783,30 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
     return returns
 
 
-def restore(ckpt: dict, agent: Agent, rnd: RNDModel, optimizer, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, device):
-    """A checkpoint's networks, optimiser, statistics and RNG state put back; returns the intrinsic reward filter's
-    state, the rooms seen, the step and the iteration to go on from."""
+def restore(ckpt, agent, rnd, optimizer, obs_rms, reward_rms, device, rank: int, args: Args, run_dir: str | None):
+    """--resume: a checkpoint's networks, optimiser, statistics and this process's RNG states put back. Returns the
+    intrinsic reward filter's state of this process's envs, the rooms seen, the step and the iteration to go on from
+    (zeros, none, 0 and 1 for a new run)."""
+    if ckpt is None:
+        return torch.zeros(args.num_envs // args.world_size, device=device), np.zeros(256, dtype=bool), 0, 1
     agent.load_state_dict(ckpt["model"])
     rnd.load_state_dict(ckpt["rnd"])
     optimizer.load_state_dict(ckpt["optimizer"])
     obs_rms.load_state_dict(ckpt["obs_rms"])
     reward_rms.load_state_dict(ckpt["reward_rms"])
-    restore_rng(ckpt["rng"], device)
-    return ckpt["rewems"].to(device), ckpt["rooms_seen"].copy(), ckpt["global_step"], ckpt["iteration"] + 1
+    restore_rng(process_rng(ckpt, rank, args.world_size), device)
+    if rank == 0:
+        print(f"resumed {run_dir} at step {ckpt['global_step']:,}")
+    rewems = ckpt["rewems"].chunk(args.world_size)[rank]  # every env's filter state, this process's share
+    return rewems.to(device), ckpt["rooms_seen"].copy(), ckpt["global_step"], ckpt["iteration"] + 1
 
 
-def log_update(writer: SummaryWriter, stats: torch.Tensor, explained: tuple, mean_int_reward, valid, lr: float, step: int):
-    """The update's loss terms, the explained variance of both value heads (`explained`: ext values, ext returns, int
-    values, int returns), the mean intrinsic reward and the learning rate, in one host sync."""
+def log_update(writer, progress, episodes: list, stats, explained: tuple, mean_int_reward, valid, lr: float, step: int):
+    """Every process's finished episodes at the steps they ended, then the update's loss terms, the explained variance
+    of both value heads (`explained`: ext values, ext returns, int values, int returns), the mean intrinsic reward and
+    the learning rate, in one host sync."""
+    for step_at, fin_returns, fin_lengths in episodes:
+        progress.log_episodes(writer, fin_returns, fin_lengths, step_at)
     names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac", "rnd_loss")
     ext_values, ext_returns, int_values, int_returns = explained
     *losses, mean_int_reward = torch.cat([
@@ -793,6 +817,19 @@ def log_update(writer: SummaryWriter, stats: torch.Tensor, explained: tuple, mea
         writer.add_scalar(f"losses/{name}", value, step)
     writer.add_scalar("charts/intrinsic_reward", mean_int_reward, step)
     writer.add_scalar("charts/learning_rate", lr, step)
+
+
+def write_checkpoint(run_dir, args: Args, rank: int, device, nets: tuple, rewems, rooms_seen, global_step, iteration):
+    """checkpoint.pt, written by process 0: `nets` (agent, RND model, optimiser, observation and reward statistics),
+    every env's intrinsic reward filter state and every process's RNG states, each process to resume its own share."""
+    agent, rnd, optimizer, obs_rms, reward_rms = nets
+    every_rewems, rngs = gather_rows(rewems, args.world_size), gather_objects(rng_state(device), args.world_size)
+    if rank == 0:
+        save_checkpoint(
+            os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, optimizer=optimizer.state_dict(),
+            **model_state(agent, rnd, obs_rms, reward_rms, every_rewems),
+            rooms_seen=rooms_seen, global_step=global_step, iteration=iteration, rng=rngs,
+        )  # fmt: skip
 
 
 def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
@@ -835,10 +872,23 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
             f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
             "and each new length would compile again; leave out --compile and --cudagraphs"
         )
-    if args.rnn != "none" and args.num_envs % args.num_minibatches:
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.num_envs % args.world_size:
         fail(
-            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}: with --rnn a minibatch "
-            "is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
+            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
+            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
+        )
+    if args.world_size > 1 and args.compile:
+        fail(
+            "--compile runs in one process: with several, gradients are averaged over the processes between the "
+            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
+        )
+    envs_each = args.num_envs // args.world_size
+    each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
+    if args.rnn != "none" and envs_each % args.num_minibatches:
+        fail(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn a "
+            "minibatch is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
         )
     is_atari = args.env_id in envpool.list_all_envs() and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")
     if not is_atari:
@@ -848,9 +898,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if args.batch_size % args.num_minibatches:
+    if envs_each * args.num_steps % args.num_minibatches:
         fail(
-            f"batch size {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} does not divide into "
+            f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
         )
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
@@ -869,17 +919,172 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
+# ---------------------------------------------------------------------------------------------------------------
+def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
+    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
+    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
+    one GPU). Returns (device, backend, a line to say or None)."""
+    if device.type != "cuda":
+        return device, "gloo", None
+    if local_world_size <= gpus:
+        return torch.device(f"cuda:{local_rank}"), "nccl", None
+    note = (
+        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
+        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
+    )
+    return torch.device("cpu"), "gloo", note
+
+
+def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
+    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.world_size > 1:
+        dist.init_process_group(backend)
+        sys.excepthook = lost_process_line(rank)
+    return rank, device, note
+
+
+def lost_process_line(rank: int):
+    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
+    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
+    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+
+    def hook(kind, error, tb):
+        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+            return sys.__excepthook__(kind, error, tb)
+        print(
+            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
+            "collective); torchrun's report names the process that failed first",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return hook
+
+
+def average_gradients(parameters, world_size: int) -> None:
+    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
+    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
+    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
+    if world_size == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x)
+    return x / world_size
+
+
+def gather_objects(local, world_size: int) -> list:
+    """Every process's `local` (any picklable value), in process order."""
+    if world_size == 1:
+        return [local]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, local)
+    return everyone
+
+
+def gather_episodes(finished: list, world_size: int) -> list:
+    """The (step, returns, lengths) of the episodes every process finished in an iteration, in step order and within a
+    step in process order: one exchange per iteration, not one per step."""
+    if world_size == 1:
+        return finished
+    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+
+
+def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
+    """This process's RNG states in a checkpoint, which holds those of every process of the run that wrote it."""
+    written = len(ckpt["rng"])
+    if written != world_size:
+        launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
+        fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
+    return ckpt["rng"][rank]
+
+
+def end_processes(world_size: int) -> None:
+    """Leave the process group together: a barrier first, so that no process tears its connections down while another
+    is still in its last exchange (one that did so was seen to abort at exit)."""
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
+    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
+    the next exchange would hang."""
+    if world_size > 1:
+        flag = torch.tensor([len(stop)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not stop:
+            stop.append(signal.SIGTERM)
+
+
+def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
+    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
+    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    if writer is not None:
+        writer.close()
+        launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
+        resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+        print(f"stopped at {where}; resume with: {resume}", flush=True)
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.exit(128 + stop[0])
+
+
+def gather_rooms(rooms_seen: np.ndarray, finished_rooms: list, world_size: int):
+    """Under torchrun, the rooms any process has seen, and every process's finished episodes' room counts as (step,
+    rooms) in step order; one process: its own, as they are."""
+    if world_size == 1:
+        return rooms_seen, finished_rooms
+    everyone = gather_objects((rooms_seen, finished_rooms), world_size)
+    merged = sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0])
+    return np.logical_or.reduce([seen for seen, _ in everyone]), merged
+
+
+def log_rooms(writer: SummaryWriter, finished_rooms: list, rooms_seen: np.ndarray, step: int) -> str:
+    """Rooms of the games that have them: each finished episode's count, the total seen; returns the progress line's
+    part."""
+    for step_at, rooms in finished_rooms:
+        writer.add_scalar("charts/episode_rooms", rooms, step_at)
+    writer.add_scalar("charts/rooms_visited_total", int(rooms_seen.sum()), step)
+    return f" | rooms {int(rooms_seen.sum())}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Training loop
 # ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    device = seed_and_device(args)
+    rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    say_device(device)
+    # only process 0 writes logs, checkpoints and models
+    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
+    if rank == 0:
+        say_device(device)
+        if note:
+            print(note, flush=True)
 
     agent, rnd = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
@@ -889,31 +1094,32 @@ def main(args: Args) -> None:
     optimizer = torch.optim.Adam(params, lr=lr0)
     steps = training_steps(agent, rnd, optimizer, params, args)
     obs_rms, reward_rms = RunningMeanStd((1,) + obs_space.shape[1:], device), RunningMeanStd((), device)
-    rewems, rooms_seen = torch.zeros(args.num_envs, device=device), np.zeros(256, dtype=bool)
-    global_step, start_iteration = 0, 1
-    if ckpt:
-        rewems, rooms_seen, global_step, start_iteration = restore(ckpt, agent, rnd, optimizer, obs_rms, reward_rms, device)
-        print(f"resumed {run_dir} at step {global_step:,}")
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    nets = agent, rnd, optimizer, obs_rms, reward_rms  # what a checkpoint holds, with the filter state and the RNG
+    T, N = args.num_steps, args.num_envs // args.world_size  # this process's envs
+    if args.world_size > 1:  # the same initial weights everywhere; each process samples its own actions
+        torch.manual_seed(args.seed + rank)
+    rewems, rooms_seen, global_step, start_iteration = restore(
+        ckpt, agent, rnd, optimizer, obs_rms, reward_rms, device, rank, args, run_dir
+    )
+    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
     stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    T, N = args.num_steps, args.num_envs
-    envs = make_env(args.env_id, N, args.seed + global_step, args.max_episode_steps, args.sticky_action_prob)
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.max_episode_steps, args.sticky_action_prob)
     # rollout storage, preallocated on the device: uint8 frame stacks, and the last frame of each step's next observation
     # (what RND sees: the reference's int_rew is the novelty of the frame the step reached)
     obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8, device=device)
     frames = torch.zeros((T, N, 1) + obs_space.shape[1:], dtype=torch.uint8, device=device)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, rewards, terminations, dones, valid = (torch.zeros((T, N), device=device) for _ in range(5))
-    ext_values, int_values = torch.zeros((T, N), device=device), torch.zeros((T, N), device=device)
+    logprobs, rewards, terminations, dones, valid, ext_values, int_values = (
+        torch.zeros((T, N), device=device) for _ in range(7)
+    )
 
     envs.reset()
     if not ckpt and args.num_iterations_obs_norm_init > 0:
-        seconds = init_obs_stats(
-            envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args.progress_interval
-        )
-        writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
+        seconds = init_obs_stats(envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args)
+        if rank == 0:
+            writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     # memory (None without): the state carried from step to step, zeroed where an episode starts (see run_memory),
@@ -932,9 +1138,9 @@ def main(args: Args) -> None:
             optimizer.param_groups[0]["lr"] = lr
 
         # --- rollout ---
-        rollout_state = state  # with memory, where the update replays each env's sequence from
+        rollout_state, finished, finished_rooms = state, [], []  # with memory, where the update replays from
         for step in range(T):
-            global_step += N
+            global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
             with torch.no_grad():
                 actions[step], logprobs[step], ext_values[step], int_values[step], state = steps["act"](
@@ -956,20 +1162,19 @@ def main(args: Args) -> None:
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
                 ep_return, ep_length, score, next_valid, episode_end
             )
-            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+            finished.append((global_step, fin_returns, fin_lengths))
             if address is not None:
                 episode_rooms, rooms_seen, fin_rooms = update_rooms(
                     episode_rooms, rooms_seen, info["ram"][:, address], episode_end
                 )
-                for rooms in fin_rooms:
-                    writer.add_scalar("charts/episode_rooms", rooms, global_step)
+                finished_rooms += [(global_step, rooms) for rooms in fin_rooms]
             next_valid = ~done
 
         # --- intrinsic rewards (statistics before this rollout, as the reference), observation statistics, advantages ---
         with torch.no_grad():
             int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
-            int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma)
-            update_frame_stats(obs_rms, frames.flatten(0, 1))
+            int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma, args.world_size)
+            update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
             _, next_ext_value, next_int_value, _ = agent(next_obs, state, next_start)
             ext_advantages, ext_returns = compute_gae(
                 rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
@@ -987,36 +1192,37 @@ def main(args: Args) -> None:
         memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
         stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
 
-        # --- logging: one host sync per iteration ---
-        explained = ext_values, ext_returns, int_values, int_returns
-        log_update(writer, stats, explained, masked_mean(int_rewards, valid), valid, lr, global_step)
-        extra = ""
-        if address is not None:
-            writer.add_scalar("charts/rooms_visited_total", int(rooms_seen.sum()), global_step)
-            extra = f" | rooms {int(rooms_seen.sum())}"
-        progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
+        # --- logging (process 0, with every process's episodes and rooms): one host sync per iteration ---
+        episodes = gather_episodes(finished, args.world_size)
+        rooms_seen, finished_rooms = gather_rooms(rooms_seen, finished_rooms, args.world_size)
+        if rank == 0:
+            explained = ext_values, ext_returns, int_values, int_returns
+            log_update(writer, progress, episodes, stats, explained, masked_mean(int_rewards, valid), valid, lr, global_step)
+            extra = log_rooms(writer, finished_rooms, rooms_seen, global_step) if address is not None else ""
+            progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
 
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, args.batch_size, args.eval_every):
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
             with progress.paused():
                 log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
+        stop_everywhere(stop, args.world_size, device)
         if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, optimizer=optimizer.state_dict(),
-                **model_state(agent, rnd, obs_rms, reward_rms, rewems),
-                rooms_seen=rooms_seen, global_step=global_step, iteration=iteration, rng=rng_state(device),
-            )  # fmt: skip
+            write_checkpoint(run_dir, args, rank, device, nets, rewems, rooms_seen, global_step, iteration)
         if stop:
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
+            envs.close()
+            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}")
 
-    # --- final model: both networks and every statistic, saved, reloaded from disk, evaluated ---
+    # --- final model (process 0): both networks and every statistic, saved, reloaded from disk, evaluated ---
     envs.close()
+    rewems = gather_rows(rewems, args.world_size)
+    end_processes(args.world_size)
+    if rank != 0:
+        return
     if args.save_model:
         model_path = os.path.join(run_dir, "rnd_ppo.model")
         save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
-        state = load_checkpoint(model_path, args.env_id, kind="model")
         eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
-        eval_agent.load_state_dict(state["model"])
+        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
         log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
     finish(writer, run_dir)
 

@@ -19,24 +19,24 @@ name, argv = sys.argv[1], sys.argv[2:]
 module = load_algorithm(name)
 trained, statistics = [], []
 
-# the network is the one handed to training_steps (storage() builds a throwaway one first, evaluation another);
-# the statistics are those kept over every process (the final evaluation's frozen copy is not)
+# the network is the one handed to training_steps (storage() builds a throwaway one first, evaluation another); the
+# statistics are every RunningMeanStd the run makes (run without --save-model, whose evaluation makes one more)
 make_steps, make_statistics = module.training_steps, module.RunningMeanStd.__init__
 
 
-def recording_training_steps(agent, *rest):
-    trained.append(agent)
-    return make_steps(agent, *rest)
+def recording_training_steps(*networks_and_rest):
+    trained.extend(n for n in networks_and_rest if isinstance(n, torch.nn.Module))  # rnd_ppo.py: agent and RND model
+    return make_steps(*networks_and_rest)
 
 
 def recording_statistics(self, *args, **kwargs):
     make_statistics(self, *args, **kwargs)
-    if self.world_size > 1:
-        statistics.append(self)
+    statistics.append(self)
 
 
 module.training_steps, module.RunningMeanStd.__init__ = recording_training_steps, recording_statistics
 sys.argv = [str(ROOT / "algorithms" / f"{name}.py"), *argv]  # the resume line names the script
 module.main(module.parse_args(argv))
 out = Path(os.environ["PROBE_DIR"]) / f"rank{os.environ['RANK']}.pt"
-torch.save(dict(model=trained[0].state_dict(), statistics=[rms.state_dict() for rms in statistics]), out)
+models = {f"{i}.{k}": v for i, network in enumerate(trained) for k, v in network.state_dict().items()}
+torch.save(dict(model=models, statistics=[rms.state_dict() for rms in statistics]), out)

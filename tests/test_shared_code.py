@@ -18,6 +18,7 @@ DIFFERENT = {
     "RANGES": "each algorithm's flags",
     "PRESETS": "each algorithm's reference settings",
     "CHECKPOINT_FORMAT": "each file's own checkpoint layout, raised when that file's layout changes",
+    "write_checkpoint": "what each algorithm's checkpoint holds (PPG's phase frames, RND's filter state)",
     "preset_defaults": "each algorithm's presets",
     "main": "the algorithm",
     "Agent": "a shared-trunk or two-MLP actor-critic (ppo.py, a2c.py) against PPG's policy and value IMPALA networks",

@@ -74,6 +74,25 @@ def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_e
     assert episodes(run) == episodes(run_dirs(alone)[0]) and len(episodes(run)) == 4 * (4096 // 4 // 201)
 
 
+def test_two_rnd_ppo_processes_keep_the_same_networks_statistics_and_filter(tmp_path):
+    """rnd_ppo.py on Breakout over two processes, with random-action observation statistics first: both end with the
+    same policy, predictor and target, and the same observation and intrinsic reward statistics, to the bit, though
+    each process saw its own frames and its own number of valid steps; the checkpoint holds the intrinsic reward
+    filter of all 4 envs and both processes' RNG states."""
+    flags = ["--env-id", "Breakout-v5", "--num-envs", "4", "--num-steps", "32", "--total-timesteps", "512"]
+    flags += ["--num-iterations-obs-norm-init", "1", "--num-minibatches", "2", "--checkpoint-every", "256", CPU]
+    torchrun(str(ROOT / "tests" / "rank_probe.py"), "rnd_ppo", *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
+    held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert any(k.startswith("1.predictor") for k in held[0]["model"])
+    assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
+    assert len(held[0]["statistics"]) == 2  # frames and intrinsic returns
+    for a, b in zip(held[0]["statistics"], held[1]["statistics"], strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    (run,) = run_dirs(tmp_path)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert len(ckpt["rng"]) == 2 and ckpt["rewems"].shape == (4,)
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "masked_envs:CartPoleNoVel-v1"])
 def test_process_r_steps_envs_r_times_n_to_the_next_share_of_one_process_with_them_all(env_id):
     """main gives process r the seed `seed + r * N` for its N envs: envpool and gymnasium seed env i of a pool with
@@ -183,6 +202,7 @@ def test_two_processes_learn_cartpole_as_one_process_does(tmp_path):
         ("ppo", ["--rnn", "lstm", "--num-minibatches", "8"], r"does not divide --num-envs 8 \(4 in each of 2 processes\)"),
         ("a2c", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes.*pass a multiple of 2"),
         ("a2c", ["--compile"], r"--compile runs in one process.*leave out --compile"),
+        ("rnd_ppo", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes"),
         ("dqn", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
         ("ddpg_td3", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
         ("qlearning", [], r"one table updated step by step in one process, and torchrun started 2"),
