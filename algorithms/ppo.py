@@ -937,6 +937,16 @@ def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
     return ckpt["rng"][rank]
 
 
+def leave(world_size: int, code: int = 0) -> None:
+    """Under torchrun, the end of a process whose work is written: its output flushed, then os._exit, past the
+    interpreter's teardown, in which a process was seen to abort (std::terminate, about one run in 50 on the CPU with
+    gloo) after its work was done, failing the whole launch. One process: nothing (it ends as usual)."""
+    if world_size > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def end_processes(world_size: int) -> None:
     """Leave the process group together: a barrier first, so that no process tears its connections down while another
     is still in its last exchange (one that did so was seen to abort at exit)."""
@@ -966,6 +976,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     if args.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
+    leave(args.world_size, 128 + stop[0])
     sys.exit(128 + stop[0])
 
 
@@ -1123,10 +1134,11 @@ def main(args: Args) -> None:
     envs.close()
     end_processes(args.world_size)
     if rank != 0:
-        return
+        leave(args.world_size)
     if args.save_model:
         save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args, device, writer, run_dir, global_step)
     finish(writer, run_dir)
+    leave(args.world_size)
 
 
 # ===============================================================================================================

@@ -1018,6 +1018,16 @@ def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
     return ckpt["rng"][rank]
 
 
+def leave(world_size: int, code: int = 0) -> None:
+    """Under torchrun, the end of a process whose work is written: its output flushed, then os._exit, past the
+    interpreter's teardown, in which a process was seen to abort (std::terminate, about one run in 50 on the CPU with
+    gloo) after its work was done, failing the whole launch. One process: nothing (it ends as usual)."""
+    if world_size > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def end_processes(world_size: int) -> None:
     """Leave the process group together: a barrier first, so that no process tears its connections down while another
     is still in its last exchange (one that did so was seen to abort at exit)."""
@@ -1047,6 +1057,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     if args.world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
+    leave(args.world_size, 128 + stop[0])
     sys.exit(128 + stop[0])
 
 
@@ -1217,7 +1228,7 @@ def main(args: Args) -> None:
     rewems = gather_rows(rewems, args.world_size)
     end_processes(args.world_size)
     if rank != 0:
-        return
+        leave(args.world_size)
     if args.save_model:
         model_path = os.path.join(run_dir, "rnd_ppo.model")
         save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
@@ -1225,6 +1236,7 @@ def main(args: Args) -> None:
         eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
         log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
     finish(writer, run_dir)
+    leave(args.world_size)
 
 
 # ===============================================================================================================
