@@ -36,7 +36,8 @@ def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu(algo, flags, tmp_path):
     run = only_run(tmp_path)
     checkpoint = run / "checkpoint.pt"
     state = torch.load(checkpoint, weights_only=False)
-    state["rng"]["cuda"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's generator states come along too
+    for rng in state["rng"] if isinstance(state["rng"], list) else [state["rng"]]:  # ppo.py: one per process
+        rng["cuda"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's generator states come along too
     with cuda_tagged():
         torch.save(state, checkpoint)
     with pytest.raises(RuntimeError, match="CUDA"):  # the file really is CUDA-tagged: a plain load fails here
