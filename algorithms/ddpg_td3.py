@@ -703,8 +703,10 @@ SCRIPT = os.path.basename(__file__)
 
 
 def fail(message: str):
-    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
-    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's. Under
+    torchrun every process checks the same input, and the first process of each machine says it (LOCAL_RANK 0)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
 
 

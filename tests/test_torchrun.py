@@ -214,3 +214,12 @@ def test_bad_input_under_torchrun_gets_one_line(script, flags, message, tmp_path
     """What torchrun sets (WORLD_SIZE) is all the checks read, so one process with it set stands for a launch."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert_one_error_line(script, run_bad_input(script, flags, tmp_path, "CartPole-v1"), message)
+
+
+def test_a_script_that_runs_as_one_process_says_so_once_under_torchrun(tmp_path):
+    """dqn.py under a real launch of two processes: both refuse, and the line is said once (by LOCAL_RANK 0)."""
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "algorithms" / "dqn.py"), CPU]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, env=one_thread(None))
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("dqn.py: error:")]
+    assert proc.returncode != 0 and len(lines) == 1 and "torchrun started 2" in lines[0], proc.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
