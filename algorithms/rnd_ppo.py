@@ -733,26 +733,27 @@ def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args
     return stats / num_updates
 
 
-def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, iterations: int, num_actions: int, args: Args):
+def init_obs_stats(envs, obs_rms, frames: torch.Tensor, iterations: int, num_actions: int, args: Args, rank: int = 0):
     """The observation statistics from uniformly random actions before training (the reference's
     collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
     `iterations` rollouts of frames.shape[0] steps, the last frame of each observation written into `frames` (the
     rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the statistics about
     0.1 s a rollout), so a line every --progress-interval seconds says how far it is, and one more when it is done. Under
-    torchrun each process steps its own envs, and the statistics are those of every process's frames. Returns the
-    seconds it took."""
+    torchrun each process steps its own envs, the statistics are those of every process's frames, and process 0 alone
+    speaks. Returns the seconds it took."""
     start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
     for i in range(iterations):
         for step in range(num_steps):
             next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
             frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
         update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
-        if time.time() - last_print > args.progress_interval and i + 1 < iterations:
+        if rank == 0 and time.time() - last_print > args.progress_interval and i + 1 < iterations:
             last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
             print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
     seconds = time.time() - start
-    steps = iterations * num_steps * num_envs * args.world_size
-    print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
+    if rank == 0:
+        steps = iterations * num_steps * num_envs * args.world_size
+        print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
     return seconds
 
 
@@ -1128,7 +1129,7 @@ def main(args: Args) -> None:
 
     envs.reset()
     if not ckpt and args.num_iterations_obs_norm_init > 0:
-        seconds = init_obs_stats(envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args)
+        seconds = init_obs_stats(envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args, rank)
         if rank == 0:
             writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
