@@ -556,14 +556,17 @@ def end_processes(world_size: int) -> None:
         dist.destroy_process_group()
 
 
-def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
     """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
-    the next exchange would hang."""
-    if world_size > 1:
-        flag = torch.tensor([len(stop)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not stop:
-            stop.append(signal.SIGTERM)
+    the next exchange would hang. Returns whether to stop now, the same answer on every process: a signal that arrives
+    after the exchange waits for the next one (the list `stop` may have grown by then, on one process only)."""
+    if world_size == 1:
+        return bool(stop)
+    flag = torch.tensor([len(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() and not stop:
+        stop.append(signal.SIGTERM)
+    return bool(flag.item())
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
@@ -677,8 +680,8 @@ def main(args: Args) -> None:
             nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
             with progress.paused():
                 log_eval(writer, evaluate(policy, obs_rms, args, device, video_path(args, run_dir, generation)), global_step)
-        stop_everywhere(stop, args.world_size, device)
-        if rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stop):
+        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
+        if rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stopping):
             nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
             save_checkpoint(
                 os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
@@ -686,7 +689,7 @@ def main(args: Args) -> None:
                 obs_rms=obs_rms.state_dict() if obs_rms else None,
                 global_step=global_step, generation=generation, rng=rng_state(device),
             )  # fmt: skip
-        if stop:
+        if stopping:
             stop_processes_and_exit(stop, writer, args, run_dir, f"generation {generation} (step {global_step:,})")
 
     end_processes(args.world_size)

@@ -955,14 +955,17 @@ def end_processes(world_size: int) -> None:
         dist.destroy_process_group()
 
 
-def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> None:
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
     """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
-    the next exchange would hang."""
-    if world_size > 1:
-        flag = torch.tensor([len(stop)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not stop:
-            stop.append(signal.SIGTERM)
+    the next exchange would hang. Returns whether to stop now, the same answer on every process: a signal that arrives
+    after the exchange waits for the next one (the list `stop` may have grown by then, on one process only)."""
+    if world_size == 1:
+        return bool(stop)
+    flag = torch.tensor([len(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() and not stop:
+        stop.append(signal.SIGTERM)
+    return bool(flag.item())
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
@@ -1115,8 +1118,8 @@ def main(args: Args) -> None:
         if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
             with progress.paused():
                 log_eval(writer, evaluate(agent, obs_rms, args, device, video_path(args, run_dir, global_step)), global_step)
-        stop_everywhere(stop, args.world_size, device)
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
+        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
             rngs = gather_objects(rng_state(device), args.world_size)  # every process's, each to resume its own
             if rank == 0:
                 save_checkpoint(
@@ -1126,7 +1129,7 @@ def main(args: Args) -> None:
                     return_rms=return_rms.state_dict() if return_rms else None,
                     global_step=global_step, iteration=iteration, rng=rngs,
                 )  # fmt: skip
-        if stop:
+        if stopping:
             envs.close()
             stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}")
 
