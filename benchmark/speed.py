@@ -50,7 +50,8 @@ CONFIGS = [
     ("rnd_ppo", "MontezumaRevenge-v5", 128, 32_768, ["--num-iterations-obs-norm-init", "0"]),
 ]
 # the scripts that train data-parallel under torchrun, and the rows --scaling times with 1 and 2 processes
-SCALING = [c for c in CONFIGS if (c[0], c[1]) in {("ppo", "CartPole-v1"), ("ppo", "Breakout-v5"), ("a2c", "CartPole-v1")}]
+SCALING_ROWS = {("ppo", "CartPole-v1"), ("ppo", "Breakout-v5"), ("a2c", "CartPole-v1"), ("rnd_ppo", "MontezumaRevenge-v5")}
+SCALING = [c for c in CONFIGS if (c[0], c[1]) in SCALING_ROWS]
 # the scripts with --compile (and --cudagraphs, CUDA only)
 COMPILED = {"ppo", "a2c", "dqn", "ddpg_td3"}
 # es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
