@@ -833,6 +833,17 @@ def write_checkpoint(run_dir, args: Args, rank: int, device, nets: tuple, rewems
         )  # fmt: skip
 
 
+def save_reload_and_evaluate_rnd(nets: tuple, rewems, obs_space, action_space, args: Args, device, writer, run_dir, step):
+    """--save-model: both networks and every statistic written (model_state), the policy reloaded from disk into a new
+    agent and evaluated, as a user who loads it evaluates it."""
+    agent, rnd, _, obs_rms, reward_rms = nets
+    model_path = os.path.join(run_dir, "rnd_ppo.model")
+    save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
+    eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
+    eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
+    log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), step, model_path)
+
+
 def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
     """What the policy and its intrinsic reward need, in a checkpoint and in the final model: both networks and every
     statistic."""
@@ -1234,11 +1245,7 @@ def main(args: Args) -> None:
     if rank != 0:
         leave(args.world_size)
     if args.save_model:
-        model_path = os.path.join(run_dir, "rnd_ppo.model")
-        save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
-        eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
-        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
-        log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
+        save_reload_and_evaluate_rnd(nets, rewems, obs_space, action_space, args, device, writer, run_dir, global_step)
     finish(writer, run_dir)
     leave(args.world_size)
 

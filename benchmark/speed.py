@@ -157,6 +157,12 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
     return cells
 
 
+def machine() -> str:
+    """The first words of a table's machine line: cores, CPU, torch and envpool versions."""
+    cpu = platform.processor() or platform.machine()
+    return f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}"
+
+
 def scaling(steps_scale: float, out: str) -> str:
     """Each SCALING row twice on the same cores, back to back: one process with 2 torch threads, then 2 torchrun processes
     with one thread each and half the envs each; their SPS (all processes' steps over process 0's training time) and
@@ -169,14 +175,12 @@ def scaling(steps_scale: float, out: str) -> str:
         cells = [f"{algo}.py", env_id, f"{num_envs}", f"{budget:,}", f"{one:,.0f} ({one_s:.0f} s)"]
         rows.append("| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |")
         print(rows[-1], flush=True)
-    cpu = platform.processor() or platform.machine()
     text = "\n".join(
         [
             "# One process with two threads against two processes with one thread each",
             "",
-            f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}, CPU "
-            "(gloo). Command: `python benchmark/speed.py --scaling`. SPS: all processes' env steps per second of training"
-            " (evaluation excluded); in brackets the whole run's wall time, start-up included.",
+            f"{machine()}, CPU (gloo). Command: `python benchmark/speed.py --scaling`. SPS: all processes' env steps "
+            "per second of training (evaluation excluded); in brackets the whole run's wall time, start-up included.",
             "",
             "| script | env | envs | steps | 1 process x 2 threads: SPS (wall) | 2 processes x 1 thread: SPS (wall) | "
             "2 processes against 1 |",
@@ -223,12 +227,11 @@ def main(argv: list[str] | None = None) -> str:
         table = [line for line in Path(args.out).read_text().splitlines() if line.startswith("| ") and "---" not in line]
         by_key = {key(row): row for row in table[1:] + rows}  # a new row replaces its old one
         rows = [by_key[k] for k in (f"| {c[0]}.py | {c[1]}" for c in CONFIGS) if k in by_key]
-    cpu = platform.processor() or platform.machine()
     text = "\n".join(
         [
             "# Learner speed against the env's own speed",
             "",
-            f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}, "
+            f"{machine()}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
             "Command: `python benchmark/speed.py`.",
             "",

@@ -13,6 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -246,3 +247,10 @@ def test_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     return env
+
+
+def twenty_episode_means(run_dir: Path):
+    """The rolling 20-episode means of a run's returns, with the step of each window's last episode."""
+    points = scalars(run_dir)["charts/episodic_return"]
+    steps, returns = np.array([s for s, _, _ in points]), np.array([v for _, v, _ in points])
+    return steps[19:], np.convolve(returns, np.ones(20) / 20, mode="valid")

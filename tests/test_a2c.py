@@ -17,7 +17,7 @@ from conftest import (
     scalars,
     seeded_runs,
     stop_run,
-    values,
+    twenty_episode_means,
     write_foreign_checkpoint,
 )
 
@@ -335,6 +335,5 @@ def test_a2c_cartpole_reaches_475_within_200k_steps(tmp_path):
     64,080 / 108,464 / 92,208 / 127,512 steps, so the worst seed has 70k steps of slack. About 30 s here. On the
     CPU, where the margin was measured."""
     run_algorithm("a2c", "--seed", "1", "--total-timesteps", "200000", CPU, cwd=tmp_path, timeout=900)
-    returns = np.array(values(only_run(tmp_path), "charts/episodic_return"))
-    means = np.convolve(returns, np.ones(20) / 20, mode="valid")
+    _, means = twenty_episode_means(only_run(tmp_path))  # every window of 20 consecutive episodes
     assert len(means) and means.max() >= 475, f"best 20-episode mean {means.max() if len(means) else None}"

@@ -19,7 +19,7 @@ from conftest import (
     scalars,
     seeded_runs,
     stop_run,
-    values,
+    twenty_episode_means,
 )
 
 dqn = load_algorithm("dqn")
@@ -341,6 +341,5 @@ def test_dqn_cartpole_reaches_475_with_the_classic_defaults(tmp_path):
     CPU, where the margin was measured."""
     flags = ["--seed", "1", "--total-timesteps", "400000", "--exploration-fraction", "0.625", CPU]
     run_algorithm("dqn", *flags, cwd=tmp_path, timeout=1200)
-    returns = values(only_run(tmp_path), "charts/episodic_return")
-    means = np.convolve(returns, np.ones(20) / 20, mode="valid")  # every window of 20 consecutive episodes
+    _, means = twenty_episode_means(only_run(tmp_path))  # every window of 20 consecutive episodes
     assert len(means) and means.max() >= 475, f"best 20-episode mean {means.max() if len(means) else None}"

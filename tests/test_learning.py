@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pixel_corridor import ENV_ID, with_pixel_corridor
 
-from conftest import CPU, ROOT, load_algorithm, only_run, run_algorithm, run_in_process, scalars, values
+from conftest import CPU, ROOT, load_algorithm, only_run, run_algorithm, run_in_process, scalars, twenty_episode_means, values
 
 ppo_module = load_algorithm("ppo")
 
@@ -23,13 +23,6 @@ def test_ppo_cartpole_learns_within_50k_steps(tmp_path):
     run_algorithm("ppo", "--seed", "1", "--total-timesteps", "50000", CPU, cwd=tmp_path, timeout=900)
     _, means = twenty_episode_means(only_run(tmp_path))
     assert len(means) and means.max() >= 200, f"best 20-episode mean {means.max() if len(means) else None}"
-
-
-def twenty_episode_means(run):
-    """The rolling 20-episode means of a run's returns, with the step of each window's last episode."""
-    points = scalars(run)["charts/episodic_return"]
-    steps, returns = np.array([s for s, _, _ in points]), np.array([v for _, v, _ in points])
-    return steps[19:], np.convolve(returns, np.ones(20) / 20, mode="valid")
 
 
 def first_step_at_200(run) -> int | None:
