@@ -11,6 +11,7 @@ import random
 import signal
 import sys
 import time
+import traceback
 import typing
 import warnings
 from dataclasses import dataclass
@@ -132,14 +133,16 @@ class Args:
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches (computed)"""
+    """batch_size // num_minibatches; each process's share of it is its minibatch (computed)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
@@ -404,12 +407,18 @@ def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: 
     return advantages, advantages + values
 
 
-def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Over the whole batch, once, before the minibatches (the reference's compute_advantage); reset steps excluded."""
-    count = valid.sum()
-    mean = (advantages * valid).sum() / count
-    std = (((advantages - mean) ** 2 * valid).sum() / count).sqrt()
-    return (advantages - mean) / (std + 1e-8) * valid
+def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor, world_size: int = 1) -> torch.Tensor:
+    """Over the whole batch, once, before the minibatches (the reference's compute_advantage); reset steps excluded.
+    Under torchrun the whole batch is every process's rollout: the count, sum and squared deviations are summed over the
+    processes (two small all-reduces per iteration), so every process normalises with the moments of the whole batch."""
+    moments = torch.stack([valid.sum(), (advantages * valid).sum()])
+    if world_size > 1:
+        dist.all_reduce(moments)
+    count, mean = moments[0], moments[1] / moments[0]
+    squares = ((advantages - mean) ** 2 * valid).sum()
+    if world_size > 1:
+        dist.all_reduce(squares)
+    return (advantages - mean) / ((squares / count).sqrt() + 1e-8) * valid
 
 
 def policy_loss(logits, actions, oldlogprob, advantages, newvalue, returns, mask, count, clip_coef, ent_coef, vf_coef):
@@ -494,9 +503,13 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer
         return sums
 
     def policy_step():
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(params, args.world_size)
         optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
 
     def aux_step():
+        if args.world_size > 1:
+            average_gradients(params, args.world_size)
         optimizer_step(aux_optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
 
     steps = dict(act=agent.act, policy_chunk=policy_chunk, policy_step=policy_step, aux_chunk=aux_chunk, aux_step=aux_step)
@@ -515,11 +528,12 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer
 
 def policy_update(steps: dict, batch: dict, args: Args) -> torch.Tensor:
     """The policy phase's PPO update on one rollout: E_pi epochs of minibatches, each in chunks whose gradients add up.
-    Returns the mean per minibatch of (policy loss, value loss, entropy, approx KL, clip fraction)."""
-    stats, num_updates = torch.zeros(5, device=batch["obs"].device), 0
+    Returns the mean per minibatch of (policy loss, value loss, entropy, approx KL, clip fraction). Under torchrun the
+    rollout and each minibatch are this process's share (1 / world_size) of the whole batch's and minibatch's."""
+    stats, num_updates, size = torch.zeros(5, device=batch["obs"].device), 0, len(batch["obs"])
     for _epoch in range(args.update_epochs):
-        perm = torch.randperm(args.batch_size, device=batch["obs"].device)
-        for mb in perm.split(args.minibatch_size):
+        perm = torch.randperm(size, device=batch["obs"].device)
+        for mb in perm.split(size // args.num_minibatches):
             count = batch["valid"][mb].sum().clamp(min=1.0)
             for chunk in mb.split(args.chunk_size):
                 c = {k: v[chunk] for k, v in batch.items()}
@@ -568,9 +582,12 @@ def aux_update(steps: dict, phase: dict, slots, envs_idx, args: Args) -> torch.T
 def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
     """The auxiliary phase from `state` (epoch, minibatches done, old policy logits) on: E_aux epochs over the phase's
     rollouts in random minibatches of whole rollouts. Returns None when it has finished, or, when a stop was requested,
-    the state to resume from (it can take an hour on a CPU, so a stop does not wait for its end)."""
-    rollouts = phase["obs"].shape[0] * args.num_envs
-    minibatches = -(-rollouts // args.aux_rollouts)
+    the state to resume from (it can take an hour on a CPU, so a stop does not wait for its end). Under torchrun each
+    process trains on its own envs' rollouts, aux_rollouts / world_size of them per minibatch; process 0 (the one with a
+    writer) logs the loss terms' mean over the processes."""
+    num_envs, per_minibatch = phase["obs"].shape[2], args.aux_rollouts // args.world_size  # this process's share
+    rollouts = phase["obs"].shape[0] * num_envs
+    minibatches = -(-rollouts // per_minibatch)
     old_logits = state["old_logits"].to(phase["obs"].device).reshape(phase["obs"].shape[:3] + (-1,))
     started, last_print, done_here = time.time(), time.time(), 0
     while state["epoch"] < args.e_aux:
@@ -578,12 +595,12 @@ def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
             state["perm"] = torch.randperm(rollouts, device=phase["obs"].device)
             state["sums"] = torch.zeros(3, device=phase["obs"].device)
         state["perm"], state["sums"] = state["perm"].to(phase["obs"].device), state["sums"].to(phase["obs"].device)
-        todo = state["perm"][state["done"] * args.aux_rollouts :]
-        for slots, envs_idx in aux_minibatches(todo, args.aux_rollouts, args.num_envs):
+        todo = state["perm"][state["done"] * per_minibatch :]
+        for slots, envs_idx in aux_minibatches(todo, per_minibatch, num_envs):
             state["sums"] += aux_update(steps, dict(phase, old_logits=old_logits), slots, envs_idx, args)
             state["done"] += 1
             done_here += 1
-            if time.time() - last_print > args.progress_interval:  # an auxiliary phase takes minutes: show where it is
+            if writer is not None and time.time() - last_print > args.progress_interval:  # it takes minutes: say where
                 last_print = time.time()
                 left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
                 eta = (time.time() - started) / done_here * left
@@ -592,11 +609,15 @@ def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
                     f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
                     flush=True,
                 )
-            if stop:
+            # under torchrun decided together, an all-reduce and a host sync per minibatch: small beside the minibatch's
+            # aux_rollouts x num_steps frames through both networks
+            if stop_everywhere(stop, args.world_size, phase["obs"].device):
                 return state
         # the last epoch's mean loss terms are the ones logged
-        aux_values = (state["sums"] / minibatches).tolist()
+        aux_values = mean_over_processes(state["sums"] / minibatches, args.world_size).tolist()
         state["epoch"], state["done"] = state["epoch"] + 1, 0
+    if writer is None:
+        return None
     for name, value in zip(("aux_value_loss", "bc_kl", "aux_true_value_loss"), aux_values, strict=True):
         writer.add_scalar(f"losses/{name}", value, global_step)
     writer.add_scalar("charts/aux_epoch_seconds", (time.time() - started) / max(done_here / minibatches, 1e-9), global_step)
@@ -631,13 +652,15 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     (N_pi rollouts of uint8 frames, their returns and valid flags, and the old policy's logits the auxiliary phase
     computes over all of it), the rollout's actions and six float32 (T, N) tensors, one chunk through the network (its
     float32 input and activations, with a fifth more for their gradients, as ppo.py measured on Breakout) and the env
-    pool."""
+    pool. Under torchrun, those of one process (its share of the envs), times the processes that share this node's
+    memory when they run on its CPU."""
     slots, T, N, shape = (
         (args.n_pi if args.e_aux > 0 else 1),
         args.num_steps,
-        args.num_envs,
+        args.num_envs // args.world_size,
         "x".join(map(str, obs_space.shape)),
     )
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
     obs_size, num_actions = int(np.prod(obs_space.shape)), int(action_space.n)
     with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
         agent = Agent(obs_space, action_space, args.arch)
@@ -645,11 +668,13 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     per_step = obs_size + 2 * 4 + (4 * num_actions if args.e_aux > 0 else 0)
     return {
         f"the phase ({slots} rollouts of --num-envs {N} x --num-steps {T} steps of {shape} frames)": (
-            slots * T * N * per_step + T * N * (8 + 6 * 4), device,
+            sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device,
             "pass --preset small (N_pi 8), or a smaller --n-pi, --num-envs or --num-steps"),
         f"a chunk of a minibatch (--chunk-size {args.chunk_size})": (
-            int(args.chunk_size * 4 * (obs_size + 1.2 * activations)), device, "lower --chunk-size"),
-        f"the env pool (--num-envs {N})": (env_pool_bytes(args.env_id, N), torch.device("cpu"), "lower --num-envs"),
+            sharing * int(args.chunk_size * 4 * (obs_size + 1.2 * activations)), device, "lower --chunk-size"),
+        f"the env pool (--num-envs {N})": (
+            int(os.environ.get("LOCAL_WORLD_SIZE", "1")) * env_pool_bytes(args.env_id, N), torch.device("cpu"),
+            "lower --num-envs"),
     }  # fmt: skip
 
 
@@ -658,12 +683,30 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.num_envs % args.world_size:
+        fail(
+            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
+            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
+        )
+    if args.world_size > 1 and args.compile:
+        fail(
+            "--compile runs in one process: with several, gradients are averaged over the processes between the "
+            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
+        )
+    if args.e_aux > 0 and args.aux_rollouts % args.world_size:
+        fail(
+            f"--aux-rollouts {args.aux_rollouts} does not split evenly over {args.world_size} processes, each of which "
+            f"trains on its share of every auxiliary minibatch; pass a multiple of {args.world_size}"
+        )
+    envs_each = args.num_envs // args.world_size
+    each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if args.batch_size % args.num_minibatches:
+    if envs_each * args.num_steps % args.num_minibatches:
         fail(
-            f"batch size {args.num_envs} envs x {args.num_steps} steps = {args.batch_size} does not divide into "
+            f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
         )
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
@@ -682,14 +725,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
             f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}"
         )
     if args.chunk_size == 0:
-        args.chunk_size = args.minibatch_size if torch.cuda.is_available() and args.cuda else 32
+        args.chunk_size = args.minibatch_size // args.world_size if torch.cuda.is_available() and args.cuda else 32
 
 
-def save_phase(run_dir: str, iteration: int, phase: dict, filled: int) -> dict:
-    """The phase's frames so far, beside the checkpoint in their own file (written raw, without a copy); returns the
-    small tensors and the file's name for the checkpoint. Written before the checkpoint that names it."""
-    name = f"phase_{iteration}.u8"
+def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int) -> dict:
+    """This process's frames of the phase so far, beside the checkpoint in their own file (written raw, without a copy);
+    returns the small tensors and the file's name for the checkpoint. Written before the checkpoint that names it. Under
+    torchrun every process writes its own file to the run directory on its node (process 0's directory on one node)."""
+    name = f"phase_{iteration}_process{rank}.u8"
     path = os.path.join(run_dir, name)
+    os.makedirs(run_dir, exist_ok=True)
     with open(f"{path}.tmp", "wb") as f:
         for slot in phase["obs"][:filled]:  # slot by slot: from CUDA, one rollout's frames at a time pass through RAM
             slot.cpu().numpy().tofile(f)
@@ -709,43 +754,252 @@ def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
         phase[k][: saved["filled"]] = saved[k].to(phase[k].device)
 
 
-def remove_old_phases(run_dir: str, keep: str | None) -> None:
-    for name in os.listdir(run_dir):
-        if name.startswith("phase_") and name.endswith(".u8") and name != keep:
+def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
+    """This process's phase files other than `keep`."""
+    for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
+        if name.startswith("phase_") and name.endswith(f"_process{rank}.u8") and name != keep:
             os.remove(os.path.join(run_dir, name))
 
 
-def write_checkpoint(run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration):
-    """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped). While
-    an auxiliary phase is still to come, the phase's frames so far go beside it (save_phase)."""
+def write_checkpoint(
+    run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, rank
+):
+    """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped), written
+    by process 0. While an auxiliary phase is still to come, every process's frames of the phase so far go beside it
+    (save_phase). It holds one entry per process of the phase, the auxiliary phase's state and the RNG states."""
     filled = (iteration - 1) % phase["obs"].shape[0] + 1
     needed = args.e_aux > 0 and iteration < args.num_iterations and (filled < args.n_pi or aux_state is not None)
-    saved_phase = save_phase(run_dir, iteration, phase, filled) if needed else None
-    save_checkpoint(
-        os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-        model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
-        return_rms=return_rms.state_dict() if return_rms else None, phase=saved_phase,
-        aux={k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None,
-        global_step=global_step, iteration=iteration, rng=rng_state(phase["obs"].device),
-    )  # fmt: skip
-    remove_old_phases(run_dir, saved_phase["file"] if saved_phase else None)
+    saved_phase = save_phase(run_dir, iteration, rank, phase, filled) if needed else None
+    aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
+    # gathered once every process has written its frames, so the checkpoint names only whole files
+    phases, auxes = gather_objects(saved_phase, args.world_size), gather_objects(aux, args.world_size)
+    rngs = gather_objects(rng_state(phase["obs"].device), args.world_size)
+    if rank == 0:
+        save_checkpoint(
+            os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+            model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
+            return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
+            global_step=global_step, iteration=iteration, rng=rngs,
+        )  # fmt: skip
+    if args.world_size > 1:
+        dist.barrier()  # no process removes the files the last checkpoint named before the new one is written
+    remove_old_phases(run_dir, rank, saved_phase["file"] if saved_phase else None)
+
+
+def restore_ppg(ckpt, agent, optimizer, aux_optimizer, return_rms, phase, rank: int, args: Args, device, run_dir):
+    """--resume: weights, both Adams' moments, the reward statistics, this process's frames of the phase so far, where
+    the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
+    auxiliary phase's state (0, 1 and None for a new run)."""
+    if ckpt is None:
+        return 0, 1, None
+    rng = process_rng(ckpt, rank, args.world_size)  # a checkpoint of another number of processes: refused first
+    agent.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
+    if return_rms is not None:
+        return_rms.load_state_dict(ckpt["return_rms"])
+    if ckpt["phase"][rank] is not None:
+        load_phase(run_dir, ckpt["phase"][rank], phase)
+    restore_rng(rng, device)
+    aux_state = ckpt["aux"][rank] if ckpt["aux"] else None
+    if rank == 0:
+        print(f"resumed {run_dir} at step {ckpt['global_step']:,}" + (" in an auxiliary phase" if aux_state else ""))
+    return ckpt["global_step"], ckpt["iteration"] + 1, aux_state
+
+
+def save_reload_and_evaluate_ppg(agent, obs_space, action_space, args: Args, device, writer, run_dir, global_step):
+    """--save-model: the final model written, reloaded from disk into a new agent and evaluated, as a user who loads it
+    evaluates it."""
+    model_path = os.path.join(run_dir, "ppg_procgen.model")
+    save_checkpoint(model_path, "model", args, run_dir, model=agent.state_dict())
+    eval_agent = Agent(obs_space, action_space, args.arch).to(device)
+    eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
+    log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
+# ---------------------------------------------------------------------------------------------------------------
+def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
+    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
+    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
+    one GPU). Returns (device, backend, a line to say or None)."""
+    if device.type != "cuda":
+        return device, "gloo", None
+    if local_world_size <= gpus:
+        return torch.device(f"cuda:{local_rank}"), "nccl", None
+    note = (
+        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
+        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
+    )
+    return torch.device("cpu"), "gloo", note
+
+
+def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
+    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if args.world_size > 1:
+        dist.init_process_group(backend)
+        sys.excepthook = lost_process_line(rank)
+    return rank, device, note
+
+
+def lost_process_line(rank: int):
+    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
+    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
+    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+
+    def hook(kind, error, tb):
+        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+            return sys.__excepthook__(kind, error, tb)
+        print(
+            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
+            "collective); torchrun's report names the process that failed first",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return hook
+
+
+def average_gradients(parameters, world_size: int) -> None:
+    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
+    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
+    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
+    if world_size == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x)
+    return x / world_size
+
+
+def gather_objects(local, world_size: int) -> list:
+    """Every process's `local` (any picklable value), in process order."""
+    if world_size == 1:
+        return [local]
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, local)
+    return everyone
+
+
+def gather_episodes(finished: list, world_size: int) -> list:
+    """The (step, returns, lengths) of the episodes every process finished in an iteration, in step order and within a
+    step in process order: one exchange per iteration, not one per step."""
+    if world_size == 1:
+        return finished
+    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+
+
+def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
+    """This process's RNG states in a checkpoint, which holds those of every process of the run that wrote it."""
+    written = len(ckpt["rng"])
+    if written != world_size:
+        launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
+        fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
+    return ckpt["rng"][rank]
+
+
+def leave(world_size: int, code: int = 0) -> None:
+    """Under torchrun, the end of a process whose work is written: its output flushed, then os._exit, past the
+    interpreter's teardown, in which a process was seen to abort (std::terminate, about one run in 50 on the CPU with
+    gloo) after its work was done, failing the whole launch. One process: nothing (it ends as usual)."""
+    if world_size > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def end_processes(world_size: int) -> None:
+    """Leave the process group together: a barrier first, so that no process tears its connections down while another
+    is still in its last exchange (one that did so was seen to abort at exit)."""
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
+    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
+    the next exchange would hang. Returns whether to stop now, the same answer on every process: a signal that arrives
+    after the exchange waits for the next one (the list `stop` may have grown by then, on one process only)."""
+    if world_size == 1:
+        return bool(stop)
+    flag = torch.tensor([len(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() and not stop:
+        stop.append(signal.SIGTERM)
+    return bool(flag.item())
+
+
+def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
+    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
+    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    if writer is not None:
+        writer.close()
+        launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
+        resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+        print(f"stopped at {where}; resume with: {resume}", flush=True)
+    if args.world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    leave(args.world_size, 128 + stop[0])
+    sys.exit(128 + stop[0])
+
+
+def log_policy_iteration(writer, progress, episodes, stats, explained, optimizer, where, started, global_step, args) -> None:
+    """Process 0's log of a policy iteration: every process's finished episodes at the steps they ended, the update's
+    mean losses, the explained variance of the value predictions, the learning rate, the phase, the policy phase's
+    speed and the progress line. `where`: (phase number, slot in the phase, whether it is the run's last iteration)."""
+    for step, fin_returns, fin_lengths in episodes:
+        progress.log_episodes(writer, fin_returns, fin_lengths, step)
+    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+    for name, value in zip(names, torch.cat([stats, explained.reshape(1)]).tolist(), strict=True):
+        writer.add_scalar(f"losses/{name}", value, global_step)
+    (phase_number, slot, last), seconds = where, time.time() - started
+    writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+    writer.add_scalar("charts/phase", phase_number, global_step)
+    writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / seconds), global_step)
+    progress.log(writer, global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Training loop
 # ---------------------------------------------------------------------------------------------------------------
 def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
     args.env_id = procgen_env_id(args.env_id)
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    device = seed_and_device(args)
+    rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    say_device(device)
+    # process 0 alone writes logs, checkpoints and models; under torchrun the others write there only their frames of
+    # the phase for a resume (save_phase), so they take process 0's run name
+    run_name = gather_objects(ckpt["run_name"] if ckpt else new_run_name(args), args.world_size)[0]
+    run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
+    if rank == 0:
+        say_device(device)
+        if note:
+            print(note, flush=True)
 
-    agent = Agent(obs_space, action_space, args.arch).to(device)
+    agent = Agent(obs_space, action_space, args.arch).to(device)  # the same weights in every process
     # an Adam per phase over both networks, with PyTorch's default eps, as the reference; compiled, the rates are
     # tensors, so that annealing them does not recompile the optimiser steps
     lr0, aux_lr0 = (
@@ -754,33 +1008,26 @@ def main(args: Args) -> None:
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr0)
     aux_optimizer = torch.optim.Adam(agent.parameters(), lr=aux_lr0)
     steps = training_steps(agent, optimizer, aux_optimizer, args)
-    return_rms = RunningMeanStd((), device) if args.norm_reward else None
+    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
     # the phase's frames, kept once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its rollouts
     # straight into them. Reset steps are kept (masked out of every loss): a fixed shape, whole rollouts in time order
-    slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs
+    slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs // args.world_size
     phase = dict(
         obs=torch.empty((slots, T, N) + obs_space.shape, dtype=torch.uint8, device=device),
         returns=torch.zeros((slots, T, N), device=device),
         valid=torch.zeros((slots, T, N), device=device),
     )
-    global_step, start_iteration, aux_state = 0, 1, None
-    if ckpt:
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
-        if return_rms is not None:
-            return_rms.load_state_dict(ckpt["return_rms"])
-        if ckpt["phase"] is not None:
-            load_phase(run_dir, ckpt["phase"], phase)
-        global_step, start_iteration, aux_state = ckpt["global_step"], ckpt["iteration"] + 1, ckpt["aux"]
-        restore_rng(ckpt["rng"], device)
-        print(f"resumed {run_dir} at step {global_step:,}" + (" in an auxiliary phase" if aux_state else ""))
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
+    if args.world_size > 1:  # each process samples its own actions and minibatches
+        torch.manual_seed(args.seed + rank)
+    global_step, start_iteration, aux_state = restore_ppg(
+        ckpt, agent, optimizer, aux_optimizer, return_rms, phase, rank, args, device, run_dir
+    )
+    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
     progress = Progress(args, global_step, args.total_timesteps)
     stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    envs = make_env(args.env_id, N, args.seed + global_step, args.num_levels, args.start_level)
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
     logprobs, rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(6))
     next_obs = torch.as_tensor(envs.reset()[0], device=device)
@@ -790,12 +1037,13 @@ def main(args: Args) -> None:
 
     if aux_state is not None:  # resumed inside an auxiliary phase: its remaining minibatches come first
         aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
-        if stop:
+        if aux_state is not None:  # stopped again (every process at the same minibatch)
             iteration = start_iteration - 1
             write_checkpoint(
-                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration
+                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, rank
             )
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}, inside an auxiliary phase")
+            envs.close()
+            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}, inside an auxiliary phase")
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         slot, phase_number = (iteration - 1) % slots, (iteration - 1) // args.n_pi + 1
@@ -809,9 +1057,9 @@ def main(args: Args) -> None:
         iteration_start = time.time()
 
         # --- policy phase: rollout, written into the phase buffer ---
-        obs = phase["obs"][slot]
+        obs, finished = phase["obs"][slot], []
         for step in range(T):
-            global_step += N
+            global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
             with torch.no_grad():
                 actions[step], logprobs[step], values[step] = steps["act"](next_obs)
@@ -828,7 +1076,7 @@ def main(args: Args) -> None:
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
                 ep_return, ep_length, reward, next_valid, done
             )
-            progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+            finished.append((global_step, fin_returns, fin_lengths))
             next_valid = ~done
 
         # --- advantages, the phase's value targets, PPO update ---
@@ -839,21 +1087,19 @@ def main(args: Args) -> None:
         phase["returns"][slot], phase["valid"][slot] = returns, valid
         batch = dict(
             obs=obs.reshape((-1,) + obs_space.shape), actions=actions.reshape(-1), logprobs=logprobs.reshape(-1),
-            advantages=normalize_advantages(advantages, valid).reshape(-1), returns=returns.reshape(-1),
+            advantages=normalize_advantages(advantages, valid, args.world_size).reshape(-1), returns=returns.reshape(-1),
             valid=valid.reshape(-1),
         )  # fmt: skip
         stats = policy_update(steps, batch, args)
 
-        # --- logging: one host sync per iteration ---
-        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
-        logged = torch.cat([stats, explained_variance(values.reshape(-1), batch["returns"], batch["valid"]).reshape(1)])
-        for name, value in zip(names, logged.tolist(), strict=True):
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-        writer.add_scalar("charts/phase", phase_number, global_step)
-        writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / (time.time() - iteration_start)), global_step)
-        extra = f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}"
-        progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
+        # --- logging (process 0, with every process's episodes): one host sync per iteration ---
+        episodes = gather_episodes(finished, args.world_size)
+        if rank == 0:
+            explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
+            where = (phase_number, slot, iteration == args.num_iterations)
+            log_policy_iteration(
+                writer, progress, episodes, stats, explained, optimizer, where, iteration_start, global_step, args
+            )
 
         # --- auxiliary phase: after every N_pi policy iterations, but not after the last (the reference's loop) ---
         if args.e_aux > 0 and iteration % args.n_pi == 0 and iteration < args.num_iterations:
@@ -861,28 +1107,30 @@ def main(args: Args) -> None:
             aux_state = dict(epoch=0, done=0, phase=phase_number, old_logits=old_logits)
             aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
 
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, args.batch_size, args.eval_every):
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
             with progress.paused():
                 log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stop:
+        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
             write_checkpoint(
-                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration
+                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, rank
             )
-        if stop:
+        if stopping:
+            envs.close()
             where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
-            stop_and_exit(stop, writer, envs, args, run_dir, where)
+            stop_processes_and_exit(stop, writer, args, run_dir, where)
 
-    # --- final model: saved, reloaded from disk, evaluated ---
+    # --- final model (process 0): saved, reloaded from disk, evaluated ---
     envs.close()
-    remove_old_phases(run_dir, None)  # frames kept for a resume are not needed once the run is over
+    remove_old_phases(run_dir, rank, None)  # frames kept for a resume are not needed once the run is over
+    end_processes(args.world_size)
+    if rank != 0:
+        leave(args.world_size)
     if args.save_model:
-        model_path = os.path.join(run_dir, "ppg_procgen.model")
-        save_checkpoint(model_path, "model", args, run_dir, model=agent.state_dict())
-        eval_agent = Agent(obs_space, action_space, args.arch).to(device)
-        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
-        log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
+        save_reload_and_evaluate_ppg(agent, obs_space, action_space, args, device, writer, run_dir, global_step)
     finish(writer, run_dir)
+    leave(args.world_size)
 
 
 # ===============================================================================================================

@@ -109,30 +109,80 @@ def test_process_r_steps_envs_r_times_n_to_the_next_share_of_one_process_with_th
         np.testing.assert_array_equal(after[0], after[1])
 
 
-def test_a_stopped_torchrun_run_resumes_with_every_process_and_no_step_lost_or_repeated(tmp_path):
-    """SIGTERM to the launcher (torchrun passes it to both processes): they stop after the same iteration, process 0
-    writes one checkpoint and a resume line that names torchrun, and the resumed run reaches the last step with every
-    iteration logged once."""
-    total, batch = 10240, 4 * 128
-    script = str(ROOT / "algorithms" / "ppo.py")
-    flags = ["--env-id", "CartPole-v1", "--total-timesteps", str(total), "--progress-interval", "0", CPU]
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", script, *flags]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=one_thread(None)
-    )
+def stop_launch(script: str, flags: list[str], cwd, when: str) -> str:
+    """Launch `torchrun --nproc_per_node 2 <script> <flags>` and send SIGTERM to the launcher (torchrun passes it to both
+    processes) at the first line that matches the regular expression `when`; returns the output, after checking that
+    the run stopped with a resume line naming torchrun."""
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "algorithms" / f"{script}.py"), *flags]
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=one_thread(None))
     for line in proc.stdout:
-        if (m := re.match(r"step ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= 3072:
+        if re.match(when, line):
             proc.send_signal(signal.SIGTERM)
             break
     out, _ = proc.communicate(timeout=SMOKE_TIMEOUT)
     assert proc.returncode != 0 and "resume with: torchrun --nproc_per_node 2 " in out, out[-3000:]
+    return out
+
+
+def test_a_stopped_torchrun_run_resumes_with_every_process_and_no_step_lost_or_repeated(tmp_path):
+    """SIGTERM to the launcher: both processes stop after the same iteration, process 0 writes one checkpoint and a
+    resume line that names torchrun, and the resumed run reaches the last step with every iteration logged once."""
+    total, batch = 10240, 4 * 128
+    flags = ["--env-id", "CartPole-v1", "--total-timesteps", str(total), "--progress-interval", "0", CPU]
+    stop_launch("ppo", flags, tmp_path, r"step (3,072|3,584|[4-9],\d{3})/")
     (run,) = run_dirs(tmp_path)
-    torchrun(script, "--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
+    torchrun(
+        str(ROOT / "algorithms" / "ppo.py"), "--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path
+    )
     steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
     assert steps == list(range(batch, total + 1, batch))
     # a checkpoint of 2 processes, resumed by one: refused in one line
     proc = run_bad_input("ppo", ["--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt")], tmp_path, "")
     assert_one_error_line("ppo", proc, r"written by 2 process\(es\), and this run has 1; resume it with torchrun --nproc_per")
+
+
+# ppg_procgen.py on Bigfish: 4 envs (2 per process) x 32 steps, phases of 2 policy iterations, minibatches of 2 rollouts
+PPG = ["--env-id", "BigfishEasy-v0", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-pi", "2"]
+PPG += ["--aux-rollouts", "2", "--progress-interval", "0", CPU]
+
+
+def test_two_ppg_processes_keep_the_same_networks_and_reward_statistics_through_both_phases(tmp_path):
+    """ppg_procgen.py over two processes, through three policy phases and two auxiliary phases (each process trains on
+    its own envs' rollouts, one of each minibatch's two): both end with the same policy and value networks and the same
+    reward statistics, to the bit; only process 0 logged, the auxiliary losses included, and the checkpoint of the
+    run's middle holds both processes' RNG states."""
+    flags = [*PPG, "--e-aux", "1", "--total-timesteps", "768", "--checkpoint-every", "384"]
+    torchrun(str(ROOT / "tests" / "rank_probe.py"), "ppg_procgen", *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
+    held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert any(k.startswith("0.value_net") for k in held[0]["model"])
+    assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
+    ((a,), (b,)) = (h["statistics"] for h in held)  # the discounted returns'
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    (run,) = run_dirs(tmp_path)
+    assert [s for s, _, _ in scalars(run)["losses/bc_kl"]] == [256, 512]
+    assert len(torch.load(run / "checkpoint.pt", weights_only=False)["rng"]) == 2
+
+
+def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_with_every_process_frames(tmp_path):
+    """SIGTERM inside the second auxiliary phase: both processes stop after the same minibatch; each wrote its own
+    envs' frames of the phase beside the checkpoint, which holds both processes' phase and auxiliary state; the resumed
+    run finishes that auxiliary phase, logs every iteration and every auxiliary phase once and leaves no frames."""
+    flags = [*PPG, "--e-aux", "4", "--total-timesteps", "1024"]
+    out = stop_launch("ppg_procgen", flags, tmp_path, r"auxiliary phase 2: epoch [12]/")
+    assert "inside an auxiliary phase" in out
+    (run,) = run_dirs(tmp_path)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ckpt["iteration"] == 4 and len(ckpt["phase"]) == len(ckpt["aux"]) == 2
+    assert ckpt["aux"][0]["epoch"] == ckpt["aux"][1]["epoch"] and ckpt["aux"][0]["done"] == ckpt["aux"][1]["done"]
+    for saved in ckpt["phase"]:  # 2 slots x 32 steps x 2 envs of 3x64x64 frames
+        assert saved["filled"] == 2 and (run / saved["file"]).stat().st_size == 2 * 32 * 2 * 3 * 64 * 64
+    assert not torch.equal(ckpt["aux"][0]["old_logits"], ckpt["aux"][1]["old_logits"])  # each process's own frames
+    resume = ["--env-id", "BigfishEasy-v0", "--resume", str(run / "checkpoint.pt")]
+    torchrun(str(ROOT / "algorithms" / "ppg_procgen.py"), *resume, cwd=tmp_path)
+    logged = scalars(run)
+    assert [s for s, _, _ in logged["charts/phase"]] == list(range(128, 1025, 128))
+    assert [s for s, _, _ in logged["losses/bc_kl"]] == [256, 512, 768]
+    assert not list(run.glob("phase_*.u8"))
 
 
 def test_a_killed_process_ends_the_run_soon_with_one_line(tmp_path):
@@ -205,6 +255,10 @@ def test_two_processes_learn_cartpole_as_one_process_does(tmp_path, script, budg
         ("a2c", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes.*pass a multiple of 2"),
         ("a2c", ["--compile"], r"--compile runs in one process.*leave out --compile"),
         ("rnd_ppo", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes"),
+        ("ppg_procgen", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes"),
+        ("ppg_procgen", ["--aux-rollouts", "3"], r"--aux-rollouts 3 does not split evenly over 2 processes.*multiple of 2"),
+        ("ppg_procgen", ["--compile"], r"--compile runs in one process.*leave out --compile"),
+        ("ppg_procgen", ["--num-envs", "4", "--num-steps", "3"], r"4 envs \(2 in each of 2 processes\) x 3 steps"),
         ("dqn", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
         ("ddpg_td3", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
         ("qlearning", [], r"one table updated step by step in one process, and torchrun started 2"),
