@@ -34,7 +34,7 @@ def write_checkpoint_before_last_iteration(env_id: str, flags: list[str]) -> tup
     run_dir = ppg.make_run_dir("memory_probe")
     agent = ppg.Agent(obs_space, action_space, args.arch)
     filled, shape = args.n_pi - 1, (args.num_steps, args.num_envs) + obs_space.shape
-    rng, name = np.random.default_rng(0), f"phase_{filled}.u8"
+    rng, name = np.random.default_rng(0), f"phase_{filled}_process0.u8"
     with open(os.path.join(run_dir, name), "wb") as f:
         for _ in range(filled):
             rng.integers(0, 256, size=shape, dtype=np.uint8).tofile(f)
@@ -43,10 +43,11 @@ def write_checkpoint_before_last_iteration(env_id: str, flags: list[str]) -> tup
         os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, model=agent.state_dict(),
         optimizer=torch.optim.Adam(agent.parameters()).state_dict(),
         aux_optimizer=torch.optim.Adam(agent.parameters()).state_dict(),
-        return_rms=ppg.RunningMeanStd((), torch.device("cpu")).state_dict(), phase=phase, aux=None,
-        global_step=filled * args.batch_size, iteration=filled, rng=ppg.rng_state(torch.device("cpu")),
+        return_rms=ppg.RunningMeanStd((), torch.device("cpu")).state_dict(), phase=[phase], aux=None,
+        global_step=filled * args.batch_size, iteration=filled, rng=[ppg.rng_state(torch.device("cpu"))],
     )  # fmt: skip
-    return os.path.join(run_dir, "checkpoint.pt"), ppg.phase_bytes(args)
+    (phase_bytes, _, _), *_ = ppg.storage(args, obs_space, action_space, torch.device("cpu")).values()  # the phase first
+    return os.path.join(run_dir, "checkpoint.pt"), phase_bytes
 
 
 def main() -> None:

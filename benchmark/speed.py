@@ -51,7 +51,11 @@ CONFIGS = [
 ]
 # the scripts that train data-parallel under torchrun, and the rows --scaling times with 1 and 2 processes
 SCALING_ROWS = {("ppo", "CartPole-v1"), ("ppo", "Breakout-v5"), ("a2c", "CartPole-v1"), ("rnd_ppo", "MontezumaRevenge-v5")}
-SCALING = [c for c in CONFIGS if (c[0], c[1]) in SCALING_ROWS]
+# ppg_procgen.py's row at a quarter of its rollout length (64 envs x 64 steps, an auxiliary phase after iteration 2),
+# so that each of its two runs takes minutes; its SPS there counts the auxiliary phase's time too
+SCALING = [c for c in CONFIGS if (c[0], c[1]) in SCALING_ROWS] + [
+    ("ppg_procgen", "StarpilotEasy-v0", 64, 12_288, ["--num-steps", "64", "--n-pi", "2", "--e-aux", "1"])
+]
 # the scripts with --compile (and --cudagraphs, CUDA only)
 COMPILED = {"ppo", "a2c", "dqn", "ddpg_td3"}
 # es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
@@ -165,13 +169,14 @@ def machine() -> str:
 
 def scaling(steps_scale: float, out: str) -> str:
     """Each SCALING row twice on the same cores, back to back: one process with 2 torch threads, then 2 torchrun processes
-    with one thread each and half the envs each; their SPS (all processes' steps over process 0's training time) and
-    whole-run wall times, and the ratio of the two SPS."""
+    with one thread each and half the envs each; their SPS (all processes' steps over process 0's training time, the
+    last charts/SPS: for ppg_procgen.py its auxiliary phase included) and whole-run wall times, and the ratio of the
+    two SPS."""
     rows = []
     for algo, env_id, num_envs, steps, flags in SCALING:
         budget = max(int(steps * steps_scale), 1)
         runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
-        (one, one_s), (two, two_s) = ((script_sps(logged, flags)[0], seconds) for logged, seconds in runs)
+        (one, one_s), (two, two_s) = ((logged["charts/SPS"][-1][1], seconds) for logged, seconds in runs)
         cells = [f"{algo}.py", env_id, f"{num_envs}", f"{budget:,}", f"{one:,.0f} ({one_s:.0f} s)"]
         rows.append("| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |")
         print(rows[-1], flush=True)
@@ -180,7 +185,8 @@ def scaling(steps_scale: float, out: str) -> str:
             "# One process with two threads against two processes with one thread each",
             "",
             f"{machine()}, CPU (gloo). Command: `python benchmark/speed.py --scaling`. SPS: all processes' env steps "
-            "per second of training (evaluation excluded); in brackets the whole run's wall time, start-up included.",
+            "per second of training (evaluation excluded; ppg_procgen.py: both phases, 64 envs x 64 steps, an auxiliary phase "
+            "after iteration 2); in brackets the whole run's wall time, start-up included.",
             "",
             "| script | env | envs | steps | 1 process x 2 threads: SPS (wall) | 2 processes x 1 thread: SPS (wall) | "
             "2 processes against 1 |",
