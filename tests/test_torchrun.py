@@ -50,15 +50,17 @@ def episodes(run) -> list[tuple[int, float]]:
     "script, flags",
     [
         ("ppo", ["--num-steps", "256", "--update-epochs", "2", "--target-kl", "0.01"]),
+        ("ppo", ["--num-steps", "256", "--rnn", "lstm", "--num-minibatches", "2"]),
         ("a2c", ["--norm-obs", "--norm-reward", "--rnn", "lstm"]),
     ],
 )
 def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_every_episode(tmp_path, script, flags):
-    """Pendulum with observation and reward normalisation (ppo.py: the mujoco preset, with an early stop on the KL;
-    a2c.py: with memory), split over two processes: at the end both hold the same weights and statistics, to the bit
-    (tests/rank_probe.py saves what each holds); only process 0 made a run directory, with a checkpoint holding both
-    processes' RNG states; and the episodes it logged are those of one process with the same 4 envs, step for step
-    (Pendulum's episodes all last 200 steps, so they end at the same steps whatever the policy)."""
+    """Pendulum with observation and reward normalisation (ppo.py: the mujoco preset, with an early stop on the KL, and
+    with memory; a2c.py: with memory, each process carrying its own envs' states), split over two processes: at the end
+    both hold the same weights and statistics, to the bit (tests/rank_probe.py saves what each holds); only process 0
+    made a run directory, with a checkpoint holding both processes' RNG states; and the episodes it logged are those of
+    one process with the same 4 envs, step for step (Pendulum's episodes all last 200 steps, so they end at the same
+    steps whatever the policy)."""
     flags = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--total-timesteps", "4096", *flags]
     flags += ["--checkpoint-every", "2048", "--progress-interval", "0", CPU]
     torchrun(str(ROOT / "tests" / "rank_probe.py"), script, *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
