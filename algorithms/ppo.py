@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import inspect
 import io
+import math
 import os
 import random
 import signal
@@ -326,6 +327,9 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
 # ---------------------------------------------------------------------------------------------------------------
 # Networks
 # ---------------------------------------------------------------------------------------------------------------
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # a Gaussian's log density term, as torch.distributions.Normal has it
+
+
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     # Huang et al. 2022, detail 2: orthogonal weights, zero biases
     torch.nn.init.orthogonal_(layer.weight, std)
@@ -387,8 +391,8 @@ class Agent(nn.Module):
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here
-        return self.encoder(x.float() * self.scale)
+        # frames stay uint8 in storage and become float only here; vectors are float already, and not scaled
+        return self.encoder(x.float() * self.scale) if self.scale != 1.0 else self.encoder(x)
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
@@ -416,26 +420,34 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
         return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
 
-    def distribution(self, h: torch.Tensor) -> torch.distributions.Distribution:
-        # validate_args=False: argument checks cost a host sync per call on CUDA
-        if self.continuous:
-            mean = self.actor(h)
-            return torch.distributions.Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
-        return torch.distributions.Categorical(logits=self.actor(h), validate_args=False)
-
     def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
         """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, and the
-        memory's state after x (None without memory)."""
+        memory's state after x (None without memory). The distributions are written out in the tensor operations that
+        torch.distributions' Normal and Categorical perform, the same numbers to the bit, without building an object per
+        call: on a small network that construction costs more than the maths (tests/test_ppo_logic.py compares them)."""
         h, state = self.hidden(x, state, starts, spans)
-        dist = self.distribution(h)
-        if action is None:
-            if deterministic:
-                action = dist.mean if self.continuous else dist.probs.argmax(-1)
-            else:
-                action = dist.sample()
-        logprob, entropy = dist.log_prob(action), dist.entropy()
-        if self.continuous:
-            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        if self.continuous:  # a Gaussian per action dimension, with a state-independent log std
+            mean = self.actor(h)
+            std = self.actor_logstd.expand_as(mean).exp()
+            if action is None and deterministic:
+                action = mean
+            elif action is None:
+                with torch.no_grad():  # a sample, not a function of the weights (Normal.sample, not rsample)
+                    action = torch.normal(mean, std)
+            log_std = std.log()
+            logprob = (-((action - mean) ** 2) / (2 * std**2) - log_std - LOG_SQRT_2PI).sum(-1)
+            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
+        else:  # a categorical over the actor's logits, normalised to log-probabilities
+            logits = self.actor(h)
+            logits, probs = logits - logits.logsumexp(-1, keepdim=True), None
+            if action is None:
+                probs = logits.softmax(-1)
+                action = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1, True).squeeze(-1)
+            logprob = logits.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            # with the action given, the probabilities come after the gather, in torch.distributions' order: the
+            # gradients into the logits then add up in the same order, and a run is the same to the bit
+            probs = logits.softmax(-1) if probs is None else probs
+            entropy = -(logits * probs).sum(-1)
         return action, logprob, entropy, self.critic(h).squeeze(-1), state
 
 

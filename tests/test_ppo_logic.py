@@ -144,3 +144,44 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     assert ppo.parse_args(["--env-id", "CartPole-v1"]).num_steps == 128
     assert ppo.parse_args(["--env-id", "Breakout-v5", "--clip-coef", "0.3"]).clip_coef == 0.3
     assert ppo.parse_args(["--env-id", "CartPole-v1", "--preset", "mujoco"]).num_steps == 2048
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_written_out_distributions_are_torch_distributions_to_the_bit(env_id):
+    """get_action_and_value writes out Categorical and Normal (shared by ppo.py and a2c.py): the same sampled actions from
+    the same seed, the same greedy actions, and the same log-probabilities, entropies and gradients as the objects of
+    torch.distributions, to the bit; a change there would change every run."""
+    obs_space, action_space = ppo.env_spaces(env_id)
+    torch.manual_seed(3)
+    agent = ppo.Agent(obs_space, action_space)
+    with torch.no_grad():
+        agent.actor[-1].weight.mul_(100.0)  # far from uniform, so that the samples tell the probabilities apart
+    obs = torch.randn(256, *obs_space.shape)
+
+    def reference(action=None, deterministic=False):
+        mean = agent.actor(obs)
+        if agent.continuous:
+            dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp(), validate_args=False)
+        else:
+            dist = torch.distributions.Categorical(logits=mean, validate_args=False)
+        if action is None:
+            action = (dist.mean if agent.continuous else dist.probs.argmax(-1)) if deterministic else dist.sample()
+        logprob, entropy = dist.log_prob(action), dist.entropy()
+        if agent.continuous:
+            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        return action, logprob, entropy
+
+    for deterministic in (False, True):
+        torch.manual_seed(5)
+        ours = agent.get_action_and_value(obs, deterministic=deterministic)[:3]
+        torch.manual_seed(5)
+        theirs = reference(deterministic=deterministic)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    action = ours[0].detach()
+    weights = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for out in (agent.get_action_and_value(obs, action)[1:3], reference(action)[1:]):
+        agent.zero_grad()
+        ((out[0] * weights).sum() + out[1].sum()).backward()
+        grads.append([p.grad.clone() for p in agent.actor.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
