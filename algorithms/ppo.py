@@ -4,6 +4,7 @@ import ast
 import contextlib
 import dataclasses
 import difflib
+import importlib
 import inspect
 import io
 import math
@@ -14,12 +15,12 @@ import subprocess
 import sys
 import time
 import traceback
+import types
 import typing
 import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
@@ -27,6 +28,12 @@ import torch.distributed as dist
 import tyro
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
+
+# envpool registers every env family it has when it is imported (0.9 s on a 2-core machine, most of it families a run
+# never uses: Jumanji's renderer alone loads matplotlib); this file registers them one at a time, up to its env's
+# (envpool_has, at the end of the file)
+sys.modules.setdefault("envpool.entry", types.ModuleType("envpool.entry"))
+import envpool  # noqa: E402
 
 # envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
@@ -228,7 +235,7 @@ def preset_defaults(argv: list[str]) -> Args:
 # ---------------------------------------------------------------------------------------------------------------
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
-    if ":" not in env_id and env_id in envpool.list_all_envs():
+    if envpool_has(env_id):
         try:
             spec = envpool.make_spec(env_id)
         except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
@@ -260,7 +267,7 @@ def make_env(
     reward 0 and the first observation of the next episode; the training loop masks that step out.
     """
     render_kwargs = dict(render_mode="rgb_array") if render else {}
-    if ":" not in env_id and env_id in envpool.list_all_envs():
+    if envpool_has(env_id):
         is_atari = atari_id(env_id)
         atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip, stack_num=frame_stack) if is_atari else {}
         envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
@@ -279,7 +286,7 @@ def make_env(
 
 def atari_id(env_id: str) -> bool:
     """An envpool Atari id (its config has the life-loss option), whose observations stack frames."""
-    known = ":" not in env_id and env_id in envpool.list_all_envs()
+    known = envpool_has(env_id)
     return known and hasattr(envpool.make_spec(env_id).config, "episodic_life")
 
 
@@ -1299,7 +1306,7 @@ def env_pool_bytes(env_id: str, num_envs: int) -> int:
     16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
     to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
     family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
-    if ":" in env_id or env_id not in envpool.list_all_envs():
+    if not envpool_has(env_id):
         return int(0.064 * num_envs * 2**20)
     family = type(envpool.make_spec(env_id)).__name__
     classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
@@ -1514,6 +1521,27 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
 def finish(writer: SummaryWriter, run_dir: str) -> None:
     writer.close()
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
+
+
+# envpool's env families, the cheapest to register first (Jumanji's, which loads matplotlib, last)
+ENVPOOL_FAMILIES = (
+    "classic_control", "toy_text", "atari", "mujoco.gym", "procgen", "box2d", "minigrid", "vizdoom", "gfootball",
+    "mujoco.metaworld", "mujoco.myosuite", "mujoco.robotics", "highway", "pgx", "mujoco.dmc", "mujoco.playground", "jumanji",
+)  # fmt: skip
+
+
+def envpool_has(env_id: str) -> bool:
+    """Whether envpool has env_id (gymnasium's ids with a module, "module:Id", it has not): envpool's env families are
+    registered one at a time, cheapest first, until one has it, so that once it says no, envpool.list_all_envs() lists
+    every id envpool has. A family this envpool was built without is passed over."""
+    if ":" in env_id:
+        return False
+    for family in ENVPOOL_FAMILIES:
+        if env_id in envpool.list_all_envs():
+            return True
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(f"envpool.{family}.registration")
+    return env_id in envpool.list_all_envs()
 
 
 if __name__ == "__main__":

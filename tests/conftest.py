@@ -13,6 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
+import envpool  # noqa: F401  every env family registered, as a user's own `import envpool` has them
 import numpy as np
 import pytest
 import torch
