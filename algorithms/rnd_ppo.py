@@ -1121,10 +1121,11 @@ def main(args: Args) -> None:
 
     agent, rnd = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
-    # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam;
-    # compiled, the rate is a tensor, so that annealing it does not recompile the optimiser step
+    # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam, fused
+    # (one kernel for all parameters); compiled, inductor fuses the foreach one, and the rate is a tensor, so that
+    # annealing it does not recompile the optimiser step
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
-    optimizer = torch.optim.Adam(params, lr=lr0)
+    optimizer = torch.optim.Adam(params, lr=lr0, fused=not args.compile)
     steps = training_steps(agent, rnd, optimizer, params, args)
     obs_rms, reward_rms = RunningMeanStd((1,) + obs_space.shape[1:], device), RunningMeanStd((), device)
     nets = agent, rnd, optimizer, obs_rms, reward_rms  # what a checkpoint holds, with the filter state and the RNG
