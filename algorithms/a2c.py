@@ -338,8 +338,9 @@ class Agent(nn.Module):
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here; vectors are float already, and not scaled
-        return self.encoder(x.float() * self.scale) if self.scale != 1.0 else self.encoder(x)
+        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are float
+        # already, and not scaled
+        return self.encoder(x.float().mul_(self.scale)) if self.scale != 1.0 else self.encoder(x)
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
@@ -583,7 +584,8 @@ def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
     # A3C was tuned with TensorFlow's RMSprop (Mnih et al. 2016), whose eps sits inside the root: --rmsprop-tf-like.
     if args.rmsprop_tf_like:
         return RMSpropTF(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    return torch.optim.RMSprop(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
+    # foreach: a few operations over all parameters at once, not a loop over tensors (PyTorch has no fused RMSprop)
+    return torch.optim.RMSprop(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps, foreach=True)
 
 
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:

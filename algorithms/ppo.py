@@ -398,8 +398,9 @@ class Agent(nn.Module):
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here; vectors are float already, and not scaled
-        return self.encoder(x.float() * self.scale) if self.scale != 1.0 else self.encoder(x)
+        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are float
+        # already, and not scaled
+        return self.encoder(x.float().mul_(self.scale)) if self.scale != 1.0 else self.encoder(x)
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
