@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark import report, run, speed
+from benchmark import cleanrl_speed, report, run, speed
 from conftest import load_algorithm
 
 
@@ -343,3 +343,25 @@ def test_report_compares_another_benchmark_of_the_same_envs_on_the_same_plots(tm
     assert labels and all(label == "with_memory" and [name for name, _ in others] == ["without"] for label, others in labels)
     with pytest.raises(SystemExit):
         report.main([str(with_memory), "--out", str(tmp_path / "r2"), "--compare", str(tmp_path)])
+
+
+def test_cleanrl_ports_change_only_the_listed_lines_and_refuse_a_file_they_do_not_fit(tmp_path, monkeypatch, capsys):
+    """cleanrl_speed.py applies each port to exactly one place of CleanRL's file and leaves the rest as it is; a file
+    where a port's text is missing (another commit) stops the run with one line naming the port."""
+    originals = {}
+
+    def fake_file(path, clone, cache):
+        ports = [old for file, _, old, _ in cleanrl_speed.PORTS if file == path]
+        originals[path] = f"# {path}\n" + "\n# untouched line\n".join(ports) + "\n# the end\n"
+        return originals[path]
+
+    monkeypatch.setattr(cleanrl_speed, "cleanrl_file", fake_file)
+    cleanrl_speed.write_cleanrl(tmp_path, None, tmp_path)
+    for file, _, old, new in cleanrl_speed.PORTS:
+        text = (tmp_path / file).read_text()
+        assert new in text and old not in text and text.count("# untouched line") == originals[file].count("# untouched")
+    assert (tmp_path / "cleanrl_utils" / "__init__.py").is_file()
+    monkeypatch.setattr(cleanrl_speed, "cleanrl_file", lambda path, clone, cache: "# another commit\n")
+    with pytest.raises(SystemExit) as stop:
+        cleanrl_speed.write_cleanrl(tmp_path / "other", None, tmp_path)
+    assert "does not apply to cleanrl/" in str(stop.value) and str(stop.value).count("\n") == 0
