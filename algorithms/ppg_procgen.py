@@ -1077,7 +1077,7 @@ def main(args: Args) -> None:
             step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
             rewards[step], terminations[step], dones[step], valid[step] = step_data
             if return_rms is not None:
-                # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma, as the issue asks
+                # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma (see docs/ppg_procgen.md)
                 rewards[step], discounted_return = scale_reward(
                     step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
                 )
