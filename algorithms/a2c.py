@@ -887,9 +887,10 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and not stop:
+    stopping = bool(flag.item())
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
-    return bool(flag.item())
+    return stopping
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
@@ -900,9 +901,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
         launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
         resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
         print(f"stopped at {where}; resume with: {resume}", flush=True)
-    if args.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    end_processes(args.world_size)
     leave(args.world_size, 128 + stop[0])
     sys.exit(128 + stop[0])
 

@@ -668,7 +668,8 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
         args.num_envs // args.world_size,
         "x".join(map(str, obs_space.shape)),
     )
-    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # they share the node's RAM (and device, on the CPU)
+    sharing = local_processes if device.type == "cpu" else 1
     obs_size, num_actions = int(np.prod(obs_space.shape)), int(action_space.n)
     with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
         agent = Agent(obs_space, action_space, args.arch)
@@ -681,7 +682,7 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
         f"a chunk of a minibatch (--chunk-size {args.chunk_size})": (
             sharing * int(args.chunk_size * 4 * (obs_size + 1.2 * activations)), device, "lower --chunk-size"),
         f"the env pool (--num-envs {N})": (
-            int(os.environ.get("LOCAL_WORLD_SIZE", "1")) * env_pool_bytes(args.env_id, N), torch.device("cpu"),
+            local_processes * env_pool_bytes(args.env_id, N), torch.device("cpu"),
             "lower --num-envs"),
     }  # fmt: skip
 
@@ -951,9 +952,10 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and not stop:
+    stopping = bool(flag.item())
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
-    return bool(flag.item())
+    return stopping
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
@@ -964,9 +966,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
         launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
         resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
         print(f"stopped at {where}; resume with: {resume}", flush=True)
-    if args.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    end_processes(args.world_size)
     leave(args.world_size, 128 + stop[0])
     sys.exit(128 + stop[0])
 

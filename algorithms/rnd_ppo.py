@@ -1063,9 +1063,10 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and not stop:
+    stopping = bool(flag.item())
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
-    return bool(flag.item())
+    return stopping
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
@@ -1076,9 +1077,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
         launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
         resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
         print(f"stopped at {where}; resume with: {resume}", flush=True)
-    if args.world_size > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    end_processes(args.world_size)
     leave(args.world_size, 128 + stop[0])
     sys.exit(128 + stop[0])
 
@@ -1121,9 +1120,8 @@ def main(args: Args) -> None:
 
     agent, rnd = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
-    # one Adam for the policy, the value heads and the predictor, with the default eps of the reference's TF Adam, fused
-    # (one kernel for all parameters); compiled, inductor fuses the foreach one, and the rate is a tensor, so that
-    # annealing it does not recompile the optimiser step
+    # one fused Adam for the policy, value heads and predictor, with the eps of the reference's TF Adam; compiled, the
+    # foreach one (inductor fuses it), and the rate a tensor, so that annealing it does not recompile the step
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
     optimizer = torch.optim.Adam(params, lr=lr0, fused=not args.compile)
     steps = training_steps(agent, rnd, optimizer, params, args)

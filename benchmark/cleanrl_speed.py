@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -31,52 +32,37 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 CLEANRL_COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"  # vwxyzjn/cleanrl master, 2025
 
+
 # The lines of CleanRL's files that today's APIs need changed: (file, why, old text, new text); every old text must be
-# found exactly once, or the run stops (a different commit needs its own ports).
-# ported: gymnasium 1.x puts the episode statistics in the vector env's infos, and its final_info is a dict of arrays
-EPISODES_NEXT_STEP = """            if "episode" in infos:
-                for i in infos["_episode"].nonzero()[0]:
-                    print(f"global_step={global_step}, episodic_return={infos['episode']['r'][i]}")
-                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+# found exactly once, or the run stops (a different commit needs its own ports). Blocks of code are written here
+# without their indentation, and indented as in the file (`block`).
+def block(text: str, spaces: int) -> str:
+    return textwrap.indent(text, " " * spaces)
+
+
+# CleanRL's episode logging for gymnasium 0.29: a final_info list, one dict (or None) per env
+FINAL_INFO_LOOP = """if "final_info" in infos:
+    for info in infos["final_info"]:
+        if info and "episode" in info:
+            print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
+            writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
+            writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
 """
-EPISODES_SAME_STEP = """        if "final_info" in infos and "episode" in infos["final_info"]:
-            for i in infos["final_info"]["_episode"].nonzero()[0]:
-                print(f"global_step={global_step}, episodic_return={infos['final_info']['episode']['r'][i]}")
-                writer.add_scalar("charts/episodic_return", infos["final_info"]["episode"]["r"][i], global_step)
-                writer.add_scalar("charts/episodic_length", infos["final_info"]["episode"]["l"][i], global_step)
+TD3_FINAL_INFO_LOOP = FINAL_INFO_LOOP.replace('if info and "episode" in info:', "if info is not None:") + "            break\n"
+# ported: gymnasium 1.x keeps the statistics as a dict of arrays, EPISODES: the vector env's infos under next-step
+# autoreset, their final_info under same-step autoreset
+EPISODES = """if "episode" in EPISODES:
+    for i in EPISODES["_episode"].nonzero()[0]:
+        print(f"global_step={global_step}, episodic_return={EPISODES['episode']['r'][i]}")
+        writer.add_scalar("charts/episodic_return", EPISODES["episode"]["r"][i], global_step)
+        writer.add_scalar("charts/episodic_length", EPISODES["episode"]["l"][i], global_step)
 """
-FINAL_INFO_LOOP = """            if "final_info" in infos:
-                for info in infos["final_info"]:
-                    if info and "episode" in info:
-                        print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
-                        writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
-                        writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
-"""
-OFF_POLICY_FINAL_INFO_LOOP = """        if "final_info" in infos:
-            for info in infos["final_info"]:
-                if info and "episode" in info:
-                    print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
-"""
-TD3_FINAL_INFO_LOOP = """        if "final_info" in infos:
-            for info in infos["final_info"]:
-                if info is not None:
-                    print(f"global_step={global_step}, episodic_return={info['episode']['r']}")
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"], global_step)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"], global_step)
-                    break
-"""
+NEXT_STEP_EPISODES, SAME_STEP_EPISODES = (EPISODES.replace("EPISODES", e) for e in ("infos", "infos.get('final_info', {})"))
+NO_LIST_WHY = "gymnasium 1.x has no final_info list under next-step autoreset"
 SAME_STEP_WHY = "gymnasium 1.x resets on the next step; the replay buffer's final observations need same-step autoreset"
 PORTS = [
-    ("cleanrl/ppo.py", "gymnasium 1.x has no final_info list under next-step autoreset", FINAL_INFO_LOOP, EPISODES_NEXT_STEP),
-    (
-        "cleanrl/ppo_continuous_action.py",
-        "gymnasium 1.x has no final_info list under next-step autoreset",
-        FINAL_INFO_LOOP,
-        EPISODES_NEXT_STEP,
-    ),
+    ("cleanrl/ppo.py", NO_LIST_WHY, block(FINAL_INFO_LOOP, 12), block(NEXT_STEP_EPISODES, 12)),
+    ("cleanrl/ppo_continuous_action.py", NO_LIST_WHY, block(FINAL_INFO_LOOP, 12), block(NEXT_STEP_EPISODES, 12)),
     (
         "cleanrl/ppo_continuous_action.py",
         "gymnasium 1.x's TransformObservation takes the observation space",
@@ -84,10 +70,9 @@ PORTS = [
         "env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
     ),
 ]
-OFF_POLICY = (("cleanrl/dqn.py", OFF_POLICY_FINAL_INFO_LOOP), ("cleanrl/td3_continuous_action.py", TD3_FINAL_INFO_LOOP))
-for _file, _loop in OFF_POLICY:
+for _file, _loop in (("cleanrl/dqn.py", FINAL_INFO_LOOP), ("cleanrl/td3_continuous_action.py", TD3_FINAL_INFO_LOOP)):
     PORTS += [
-        (_file, "gymnasium 1.x's final_info is a dict of arrays", _loop, EPISODES_SAME_STEP),
+        (_file, "gymnasium 1.x's final_info is a dict of arrays", block(_loop, 8), block(SAME_STEP_EPISODES, 8)),
         (_file, "gymnasium 1.x names the final observations final_obs", 'infos["final_observation"]', 'infos["final_obs"]'),
         (
             _file,
