@@ -4,7 +4,7 @@ import ast
 import contextlib
 import dataclasses
 import difflib
-import importlib
+import importlib.util
 import inspect
 import io
 import os
@@ -709,7 +709,9 @@ def parse_args(argv: list[str] | None = None) -> Args:
             fail(tyro_error_line(captured.getvalue()))
         raise
     check_ranges(args)
-    return resumed_args(args, argv) if args.resume else args
+    args = resumed_args(args, argv) if args.resume else args
+    check_video_writer(args)
+    return args
 
 
 def one_line_help(cls: type) -> None:
@@ -758,6 +760,19 @@ def check_ranges(args: Args) -> None:
             fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
     if not args.exp_name or os.sep in args.exp_name:
         fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
+
+
+def check_video_writer(args: Args) -> None:
+    """--capture-video (where a script has it) writes MP4s through imageio's ffmpeg plugin (imageio-ffmpeg ships ffmpeg).
+    Without it imageio picks another format's writer and fails at the first video, after the training before it: the
+    plugin is looked for before the run starts."""
+    if not getattr(args, "capture_video", False):
+        return
+    if any(importlib.util.find_spec(name) is None for name in ("imageio", "imageio_ffmpeg")):
+        fail(
+            "--capture-video writes MP4s with imageio and its ffmpeg plugin, which this Python lacks; "
+            "run pip install 'imageio[ffmpeg]', or leave out --capture-video"
+        )
 
 
 def resumed_args(args: Args, argv: list[str]) -> Args:

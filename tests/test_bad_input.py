@@ -192,3 +192,13 @@ def test_a_procgen_id_without_the_qt_runtime_gets_one_line(name, tmp_path, monke
     proc = run_in_process(name, lambda module: module.main(module.parse_args(["--env-id", "StarpilotEasy-v0"])), tmp_path)
     assert_one_error_line(name, proc, "envpool cannot load 'StarpilotEasy-v0' .*Qt runtime. Install.*libqt5gui5 for Procgen")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS if "capture_video" in MODULES[n].Args.__dataclass_fields__])
+def test_capture_video_without_the_ffmpeg_plugin_is_refused_before_the_run(name, tmp_path, monkeypatch):
+    """Without imageio-ffmpeg, imageio would write the first video with another format's writer and fail there, after
+    the training before it; the plugin is looked for at start-up (a None entry in sys.modules hides a package)."""
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    proc = run_in_process(name, lambda module: module.parse_args(["--capture-video"]), tmp_path)
+    assert_one_error_line(name, proc, r"--capture-video .* ffmpeg plugin.*pip install 'imageio\[ffmpeg\]'")
+    assert not (tmp_path / "runs").exists()

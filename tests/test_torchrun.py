@@ -32,10 +32,16 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def torchrun(*args: str, cwd, processes: int = 2, launcher=(), env=None) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node <processes> <args>` (or the given launcher flags) in cwd, checked."""
+    """`torchrun --standalone --nproc_per_node <processes> <args>` (or the given launcher flags) in cwd, checked; env adds
+    to this process's environment (which keeps PATH and PYTHONPATH)."""
     launch = list(launcher) or ["--standalone", "--nproc_per_node", str(processes)]
     proc = subprocess.run(
-        [*TORCHRUN, *launch, *args], cwd=cwd, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, env=one_thread(env)
+        [*TORCHRUN, *launch, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT,
+        env=one_thread({**os.environ, **env} if env else None),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
