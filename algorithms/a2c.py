@@ -500,7 +500,7 @@ def scale_reward(reward, discounted_return, done, rms: RunningMeanStd, gamma: fl
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return.unsqueeze(-1))
     scaled = (reward / torch.sqrt(rms.var + 1e-8)).clamp(-clip, clip).float()
-    return scaled, torch.where(done, torch.zeros_like(discounted_return), discounted_return)
+    return scaled, discounted_return.masked_fill(done, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -946,7 +946,8 @@ def main(args: Args) -> None:
     obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32)
     obs = obs.to(device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
-    rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(5))
+    values = torch.zeros((T, N), device=device)
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)  # one write per step
 
     next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
@@ -981,7 +982,7 @@ def main(args: Args) -> None:
             next_obs_np, reward, term, trunc, info = envs.step(env_action)
             done = term | trunc
             step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
-            rewards[step], terminations[step], dones[step], valid[step] = step_data
+            step_rows[:, step] = step_data
             if state is not None:
                 # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
                 # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory

@@ -390,7 +390,7 @@ def scale_reward(reward, discounted_return, done, rms: RunningMeanStd, gamma: fl
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return.unsqueeze(-1))
     scaled = (reward / torch.sqrt(rms.var + 1e-8)).clamp(-clip, clip).float()
-    return scaled, torch.where(done, torch.zeros_like(discounted_return), discounted_return)
+    return scaled, discounted_return.masked_fill(done, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------

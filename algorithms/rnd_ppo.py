@@ -1143,9 +1143,8 @@ def main(args: Args) -> None:
     obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8, device=device)
     frames = torch.zeros((T, N, 1) + obs_space.shape[1:], dtype=torch.uint8, device=device)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, rewards, terminations, dones, valid, ext_values, int_values = (
-        torch.zeros((T, N), device=device) for _ in range(7)
-    )
+    logprobs, ext_values, int_values = (torch.zeros((T, N), device=device) for _ in range(3))
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)  # one write per step
 
     envs.reset()
     if not ckpt and args.num_iterations_obs_norm_init > 0:
@@ -1183,7 +1182,7 @@ def main(args: Args) -> None:
             # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
             trained = np.sign(reward) if args.reward_clip else reward
             step_data = torch.as_tensor(np.stack([trained, term, done, next_valid]), dtype=torch.float32, device=device)
-            rewards[step], terminations[step], dones[step], valid[step] = step_data
+            step_rows[:, step] = step_data
             if state is not None:
                 # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
                 # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
