@@ -1059,7 +1059,8 @@ def main(args: Args) -> None:
     obs = torch.zeros((T, N) + obs_space.shape, dtype=obs_dtype, device=device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
     logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)  # one write per step
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
+    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
 
     next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
@@ -1090,15 +1091,15 @@ def main(args: Args) -> None:
                 env_action = np.clip(env_action, action_space.low, action_space.high)
             next_obs_np, reward, term, trunc, info = envs.step(env_action)
             done = term | trunc
-            step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
-            step_rows[:, step] = step_data
+            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            step_rows[:, step] = torch.from_numpy(host_rows)
             if state is not None:
                 # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
                 # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
                 starts[step], next_start = next_start, 1.0 - valid[step]
             if return_rms is not None:
                 rewards[step], discounted_return = scale_reward(
-                    step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
+                    rewards[step].double(), discounted_return, dones[step].bool(), return_rms, args.gamma
                 )
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
             episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)

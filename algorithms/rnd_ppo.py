@@ -1144,7 +1144,8 @@ def main(args: Args) -> None:
     frames = torch.zeros((T, N, 1) + obs_space.shape[1:], dtype=torch.uint8, device=device)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
     logprobs, ext_values, int_values = (torch.zeros((T, N), device=device) for _ in range(3))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)  # one write per step
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
+    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
 
     envs.reset()
     if not ckpt and args.num_iterations_obs_norm_init > 0:
@@ -1181,8 +1182,8 @@ def main(args: Args) -> None:
             done = term | trunc
             # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
             trained = np.sign(reward) if args.reward_clip else reward
-            step_data = torch.as_tensor(np.stack([trained, term, done, next_valid]), dtype=torch.float32, device=device)
-            step_rows[:, step] = step_data
+            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = trained, term, done, next_valid
+            step_rows[:, step] = torch.from_numpy(host_rows)
             if state is not None:
                 # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
                 # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
