@@ -60,7 +60,9 @@ class Args:
     compile: bool = False
     """torch.compile the acting step with its exploration noise, the critic update and the actor + target update
     (inductor, on CPU and CUDA; the first steps pay the compile time, which inductor caches on disk for later runs): off
-    by default, the eager code is the one to read; on a CPU it runs slower than eager (docs/speed.md)"""
+    by default, the eager code is the one to read. On a CPU it runs slower than eager: the 256-wide matrix products are
+    the same kernels compiled or not, and inductor's CPU code for ReLU's backward runs slower (docs/speed.md); on a GPU
+    it pays with --cudagraphs"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
     recorded sequence of GPU launches); needs a CUDA device, implies --compile"""

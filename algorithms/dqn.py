@@ -58,8 +58,9 @@ class Args:
     """use CUDA when it is available"""
     compile: bool = False
     """torch.compile the greedy acting step and the TD update (inductor, on CPU and CUDA; the first steps pay the
-    compile time, which inductor caches on disk for later runs): off by default, the eager code is the one to read;
-    on a CPU the classic MLP runs slower compiled (docs/speed.md)"""
+    compile time, which inductor caches on disk for later runs): off by default, the eager code is the one to read.
+    On a CPU the classic MLP runs slower compiled: a compiled step on one observation costs more in guards than the few
+    eager operations it replaces, and most of a step is Python and env work (docs/speed.md); on a GPU it pays"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
     recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
