@@ -1038,7 +1038,9 @@ def main(args: Args) -> None:
     # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
     envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, rewards, terminations, dones, values, valid = (torch.zeros((T, N), device=device) for _ in range(6))
+    logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
+    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
     next_obs = torch.as_tensor(envs.reset()[0], device=device)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
@@ -1074,12 +1076,12 @@ def main(args: Args) -> None:
                 actions[step], logprobs[step], values[step] = steps["act"](next_obs)
             next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
             done = term | trunc
-            step_data = torch.as_tensor(np.stack([reward, term, done, next_valid]), dtype=torch.float32, device=device)
-            rewards[step], terminations[step], dones[step], valid[step] = step_data
+            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            step_rows[:, step] = torch.from_numpy(host_rows)
             if return_rms is not None:
                 # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma (see docs/ppg_procgen.md)
                 rewards[step], discounted_return = scale_reward(
-                    step_data[0].double(), discounted_return, step_data[2].bool(), return_rms, args.gamma
+                    rewards[step].double(), discounted_return, dones[step].bool(), return_rms, args.gamma
                 )
             next_obs = torch.as_tensor(next_obs_np, device=device)
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(

@@ -16,7 +16,6 @@ scripts need the mujoco package (gymnasium's MuJoCo envs; ours use envpool's), o
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,8 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import envpool
-import torch
+from speed import machine  # the same machine line as speed.py's tables
 
 ROOT = Path(__file__).resolve().parent.parent
 CLEANRL_COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"  # vwxyzjn/cleanrl master, 2025
@@ -174,11 +172,6 @@ def timed(cmd: list[str], env: dict) -> float:
     return seconds
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}"
-
-
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cleanrl", default=None, help="a clone of vwxyzjn/cleanrl (default: fetch its files from GitHub)")
@@ -221,7 +214,7 @@ def main(argv: list[str] | None = None) -> str:
         [
             "# Against CleanRL's scripts, whole process, same machine",
             "",
-            f"Machine: {machine()}, CPU. Command: `python benchmark/cleanrl_speed.py"
+            f"{machine()}, CPU. Command: `python benchmark/cleanrl_speed.py"
             + (" --compile" if args.compile else "")
             + f"`. CleanRL at {CLEANRL_COMMIT[:8]}, ported as the script lists. After a warm-up run of each, "
             f"{args.rounds} rounds A B; times are the range over the rounds, ratios of the medians.",

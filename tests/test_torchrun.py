@@ -32,19 +32,20 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def torchrun(*args: str, cwd, processes: int = 2, launcher=(), env=None) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node <processes> <args>` (or the given launcher flags) in cwd, checked; env adds
-    to this process's environment (which keeps PATH and PYTHONPATH)."""
+    """`torchrun --standalone --nproc_per_node <processes> <args>` (or the given launcher flags) in cwd, checked."""
     launch = list(launcher) or ["--standalone", "--nproc_per_node", str(processes)]
     proc = subprocess.run(
-        [*TORCHRUN, *launch, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_TIMEOUT,
-        env=one_thread({**os.environ, **env} if env else None),
+        [*TORCHRUN, *launch, *args], cwd=cwd, capture_output=True, text=True, timeout=SMOKE_TIMEOUT, env=one_thread(env)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def probed_processes(script: str, flags: list[str], cwd) -> list[dict]:
+    """Run <script> over two processes through tests/rank_probe.py; returns what each process held at the end (its
+    trained networks' weights and its statistics), process 0's first."""
+    torchrun(str(ROOT / "tests" / "rank_probe.py"), script, *flags, cwd=cwd, env={"PROBE_DIR": str(cwd)})
+    return [torch.load(cwd / f"rank{r}.pt") for r in (0, 1)]
 
 
 def episodes(run) -> list[tuple[int, float]]:
@@ -69,8 +70,7 @@ def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_e
     steps whatever the policy)."""
     flags = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--total-timesteps", "4096", *flags]
     flags += ["--checkpoint-every", "2048", "--progress-interval", "0", CPU]
-    torchrun(str(ROOT / "tests" / "rank_probe.py"), script, *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
-    held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    held = probed_processes(script, flags, tmp_path)
     assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
     assert len(held[0]["statistics"]) == 2  # observations and returns
     for a, b in zip(held[0]["statistics"], held[1]["statistics"], strict=True):
@@ -90,8 +90,7 @@ def test_two_rnd_ppo_processes_keep_the_same_networks_statistics_and_filter(tmp_
     filter of all 4 envs and both processes' RNG states."""
     flags = ["--env-id", "Breakout-v5", "--num-envs", "4", "--num-steps", "32", "--total-timesteps", "512"]
     flags += ["--num-iterations-obs-norm-init", "1", "--num-minibatches", "2", "--checkpoint-every", "256", CPU]
-    torchrun(str(ROOT / "tests" / "rank_probe.py"), "rnd_ppo", *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
-    held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    held = probed_processes("rnd_ppo", flags, tmp_path)
     assert any(k.startswith("1.predictor") for k in held[0]["model"])
     assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
     assert len(held[0]["statistics"]) == 2  # frames and intrinsic returns
@@ -160,8 +159,7 @@ def test_two_ppg_processes_keep_the_same_networks_and_reward_statistics_through_
     reward statistics, to the bit; only process 0 logged, the auxiliary losses included, and the checkpoint of the
     run's middle holds both processes' RNG states."""
     flags = [*PPG, "--e-aux", "1", "--total-timesteps", "768", "--checkpoint-every", "384"]
-    torchrun(str(ROOT / "tests" / "rank_probe.py"), "ppg_procgen", *flags, cwd=tmp_path, env={"PROBE_DIR": str(tmp_path)})
-    held = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    held = probed_processes("ppg_procgen", flags, tmp_path)
     assert any(k.startswith("0.value_net") for k in held[0]["model"])
     assert all(torch.equal(held[0]["model"][k], held[1]["model"][k]) for k in held[0]["model"])
     ((a,), (b,)) = (h["statistics"] for h in held)  # the discounted returns'
