@@ -523,44 +523,52 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
-    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
+    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
+    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
+    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
+    input is copied once, normalised. Under torchrun,
+    of every process's rows, in process order: every process keeps the same statistics, those of one process with all
+    the envs."""
 
     def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
-        self.var = torch.ones(shape, dtype=torch.float64, device=device)
-        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
-        self.world_size = world_size
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
 
-    def update(self, x: torch.Tensor) -> None:
-        x = gather_rows(x.double(), self.world_size)
-        self.mean, self.var, self.count = update_mean_var_count(
-            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        )
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
 
     def state_dict(self) -> dict:
-        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
+        return dict(
+            mean=torch.from_numpy(self.mean),
+            var=torch.from_numpy(self.var),
+            count=torch.tensor(self.count, dtype=torch.float64),
+        )
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
 
 
-def normalize_obs(obs: torch.Tensor, rms: RunningMeanStd | None, clip: float = 10.0) -> torch.Tensor:
+def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None, clip: float = 10.0) -> np.ndarray:
+    """Vectors as the network's float32, standardised and clipped when there are statistics; frames as they are."""
     if rms is None:
-        return obs
-    return ((obs - rms.mean) / torch.sqrt(rms.var + 1e-8)).clamp(-clip, clip).float()
+        return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
+    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
 
 
-def scale_reward(reward, discounted_return, done, rms: RunningMeanStd, gamma: float, clip: float = 10.0):
+def scale_reward(
+    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
+):
     """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
 
     Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
     skipping it would need a host sync per step. Returns (scaled reward, discounted return for the next step).
     """
     discounted_return = discounted_return * gamma + reward
-    rms.update(discounted_return.unsqueeze(-1))
-    scaled = (reward / torch.sqrt(rms.var + 1e-8)).clamp(-clip, clip).float()
-    return scaled, discounted_return.masked_fill(done, 0.0)
+    rms.update(discounted_return[:, None])
+    return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -705,16 +713,12 @@ def ppo_update(update, rollout: dict, args: Args, memory: tuple | None = None) -
 
 
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
-    """One conversion per step: frames stay uint8 (the network scales them); vectors become float32, normalised with
-    running statistics when --norm-obs is on."""
-    x = torch.as_tensor(obs, device=device)
-    if x.dtype == torch.uint8:
-        return x
-    x = x.float()
+    """One copy per step: frames stay uint8 (the network scales them); vectors become float32, normalised on the host
+    with running statistics when --norm-obs is on."""
     if obs_rms is not None:
-        obs_rms.update(x)
-        x = normalize_obs(x, obs_rms)
-    return x
+        obs = obs.astype(np.float32)  # the statistics see what the network sees
+        obs_rms.update(obs)
+    return torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
 
 
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
@@ -730,7 +734,7 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
-            x = normalize_obs(torch.as_tensor(obs, device=device), obs_rms)
+            x = torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
             action, _, _, _, state = agent.get_action_and_value(x, deterministic=args.eval_deterministic, state=state)
             action = action.cpu().numpy()
         if agent.continuous:
@@ -1068,7 +1072,7 @@ def main(args: Args) -> None:
     # and the episode starts of the rollout; a resumed run's envs start new episodes, so it starts from zeros too
     state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
     starts = None if state is None else torch.zeros((T, N), device=device)
-    discounted_return = torch.zeros(N, dtype=torch.float64, device=device)
+    discounted_return = np.zeros(N)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1092,15 +1096,15 @@ def main(args: Args) -> None:
             next_obs_np, reward, term, trunc, info = envs.step(env_action)
             done = term | trunc
             host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            if return_rms is not None:
+                host_rows[0], discounted_return = scale_reward(
+                    host_rows[0].astype(np.float64), discounted_return, done, return_rms, args.gamma
+                )
             step_rows[:, step] = torch.from_numpy(host_rows)
             if state is not None:
                 # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
                 # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
                 starts[step], next_start = next_start, 1.0 - valid[step]
-            if return_rms is not None:
-                rewards[step], discounted_return = scale_reward(
-                    rewards[step].double(), discounted_return, dones[step].bool(), return_rms, args.gamma
-                )
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
             episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(

@@ -103,39 +103,50 @@ def test_running_mean_std_pools_every_update_with_the_prior(algo, shape):
     seen = np.zeros((0, *shape))
     for n in (1, 5, 1, 64, 9):
         b = rng.normal(loc=2.0, scale=3.0, size=(n, *shape))
-        rms.update(torch.tensor(b, dtype=torch.float32))  # a float32 batch is promoted to float64
+        rms.update(b.astype(np.float32))  # a float32 batch is promoted to float64
         seen = np.concatenate([seen, b.astype(np.float32).astype(np.float64)])
         mean, var, count = prior_moments(seen)
-        assert rms.mean.dtype == rms.var.dtype == torch.float64
-        np.testing.assert_allclose(rms.mean.numpy(), mean, **F64)
-        np.testing.assert_allclose(rms.var.numpy(), var, **F64)
-        assert rms.count.item() == pytest.approx(count, rel=1e-12)
+        assert rms.mean.dtype == rms.var.dtype == np.float64
+        np.testing.assert_allclose(rms.mean, mean, **F64)
+        np.testing.assert_allclose(rms.var, var, **F64)
+        assert rms.count == pytest.approx(count, rel=1e-12)
+    state = rms.state_dict()  # the checkpoint's tensors, float64, read back the same
+    assert state["mean"].dtype == state["var"].dtype == state["count"].dtype == torch.float64
+    again = MODULES[algo].RunningMeanStd(shape, torch.device("cpu"))
+    again.load_state_dict(state)
+    np.testing.assert_array_equal(again.mean, rms.mean)
+    np.testing.assert_array_equal(again.var, rms.var)
+    assert again.count == rms.count
 
 
 @both
 @pytest.mark.parametrize("clip", [None, 0.7])
 def test_normalize_obs_standardises_with_eps_inside_the_root_and_clips(algo, clip):
-    """(obs - mean) / sqrt(var + 1e-8) clipped to [-clip, clip] (default 10), as float32; no statistics: obs as is.
-    A dimension with variance 0 tells sqrt(var + eps) from sqrt(var) + eps; wild observations reach both clip ends."""
+    """(obs - mean) / sqrt(var + 1e-8) clipped to [-clip, clip] (default 10), as float32; no statistics: float32 vectors
+    and uint8 frames as they are, float64 vectors (envpool's MuJoCo) as float32. A dimension with variance 0 tells
+    sqrt(var + eps) from sqrt(var) + eps; wild observations reach both clip ends."""
     module = MODULES[algo]
     rng = np.random.default_rng(2)
     rms = module.RunningMeanStd((4,), torch.device("cpu"))
     mean, var = np.array([0.5, -3.0, 0.0, 10.0]), np.array([4.0, 0.25, 0.0, 1e-3])
-    rms.mean, rms.var = t64(mean), t64(var)
+    rms.mean, rms.var = mean, var
     obs = rng.normal(size=(40, 4)) * np.array([2.0, 1.0, 1e-4, 0.3]) + mean
     obs = obs.astype(np.float32)
     kwargs = {} if clip is None else {"clip": clip}
     bound = 10.0 if clip is None else clip
-    got = module.normalize_obs(torch.tensor(obs), rms, **kwargs)
+    got = module.normalize_obs(obs, rms, **kwargs)
     raw = np.empty_like(obs, dtype=np.float64)
     for i in range(obs.shape[0]):
         for j in range(4):
             raw[i, j] = (float(obs[i, j]) - mean[j]) / math.sqrt(var[j] + 1e-8)
     assert (raw > bound).any() and (raw < -bound).any() and (np.abs(raw) < bound).any()  # both ends and the middle
-    assert got.dtype == torch.float32
-    np.testing.assert_allclose(got.numpy(), np.clip(raw, -bound, bound), rtol=1e-6, atol=1e-6)
-    x = torch.tensor(obs)
-    assert module.normalize_obs(x, None) is x
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, np.clip(raw, -bound, bound), rtol=1e-6, atol=1e-6)
+    frames = rng.integers(0, 256, (2, 4, 8, 8), dtype=np.uint8)
+    assert module.normalize_obs(obs, None) is obs and module.normalize_obs(frames, None) is frames
+    wide = module.normalize_obs(obs.astype(np.float64), None)
+    assert wide.dtype == np.float32
+    np.testing.assert_array_equal(wide, obs)
 
 
 @both
@@ -154,19 +165,18 @@ def test_scale_reward_divides_by_the_running_std_of_the_discounted_return(algo, 
     bound = 10.0 if clip is None else clip
     kwargs = {} if clip is None else {"clip": clip}
     rms = module.RunningMeanStd((), torch.device("cpu"))
-    ret_t = torch.zeros(num_envs, dtype=torch.float64)
+    ret_t = np.zeros(num_envs)
     ret, seen, raw_all = [0.0] * num_envs, [], []
     for t in range(num_steps):
-        scaled, ret_t = module.scale_reward(t64(rewards[t]), ret_t, torch.tensor(dones[t]), rms, gamma, **kwargs)
+        scaled, ret_t = module.scale_reward(rewards[t], ret_t, dones[t], rms, gamma, **kwargs)
         ret = [gamma * g + r for g, r in zip(ret, rewards[t], strict=True)]
         seen.extend(ret)
         _, var, _ = prior_moments(np.array(seen))
         raw = rewards[t] / math.sqrt(var + 1e-8)
         raw_all.extend(raw)
-        assert scaled.dtype == torch.float32
-        np.testing.assert_allclose(scaled.numpy(), np.clip(raw, -bound, bound), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(scaled, np.clip(raw, -bound, bound), rtol=1e-12, atol=1e-15)
         ret = [0.0 if d else g for g, d in zip(ret, dones[t], strict=True)]
-        np.testing.assert_allclose(ret_t.numpy(), ret, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(ret_t, ret, rtol=1e-12, atol=1e-15)
     raw_all = np.array(raw_all)
     assert (raw_all > bound).any() and (raw_all < -bound).any() and dones.any()
 

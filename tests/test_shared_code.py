@@ -1,6 +1,6 @@
 """The run plumbing is one text copied into every algorithm file (house style: a reader needs one file). This test
 fails, printing the diff, when a copy drifts; functions and classes of the same name in several files must read the
-same too, unless DIFFERENT below names them with the reason."""
+same too, unless DIFFERENT below names them with the reason (or GROUPS, two versions each shared by a group of files)."""
 
 import ast
 import difflib
@@ -34,6 +34,13 @@ DIFFERENT = {
     "select_actions": "epsilon-greedy (dqn.py) against Gaussian exploration noise (ddpg_td3.py)",
     "training_steps": "each algorithm's acting step and update, the functions --compile hands to torch.compile",
     "td_target": "max or Double-DQN argmax (dqn.py) against the minimum over critics (ddpg_td3.py)",
+}
+
+# Same name, two versions: each group's files read the same.
+GROUPS = {
+    # on the host in numpy where a step's row of env output is normalised (vectors, rewards), on the device where
+    # frames or a population's returns are
+    "RunningMeanStd": (("a2c", "ppg_procgen", "ppo"), ("es", "rnd_ppo")),
 }
 
 
@@ -78,11 +85,13 @@ def test_same_name_same_text_across_files():
         holders = [n for n in ALGORITHMS if symbol in definitions[n]]
         if len(holders) < 2 or symbol in DIFFERENT:
             continue
-        first = holders[0]
-        for other in holders[1:]:
-            a, b = definitions[first][symbol], definitions[other][symbol]
-            if a != b:
-                problems.append(diff(a, b, f"{first}.py:{symbol}", f"{other}.py:{symbol}"))
+        groups = GROUPS.get(symbol, (holders,))
+        assert sorted(n for g in groups for n in g) == holders, f"{symbol}: GROUPS names {groups}, held by {holders}"
+        for first, *others in groups:
+            for other in others:
+                a, b = definitions[first][symbol], definitions[other][symbol]
+                if a != b:
+                    problems.append(diff(a, b, f"{first}.py:{symbol}", f"{other}.py:{symbol}"))
     assert not problems, "same name, different text (make them one, or rename, or add to DIFFERENT):\n" + "\n".join(problems)
 
 
