@@ -46,7 +46,7 @@ for path in args.model:
     sizes = []
     for _ in range(args.steps):
         with torch.no_grad():
-            x = a2c.normalize_obs(torch.as_tensor(obs), rms)
+            x = torch.as_tensor(a2c.normalize_obs(obs, rms))
             mean = agent.get_action_and_value(x, deterministic=True)[0].numpy()
         sizes.append(np.abs(mean).mean())
         obs, *_ = envs.step(np.clip(mean, low, high))
