@@ -46,6 +46,10 @@ class Args:
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
     """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """who steps the envs: envpool (C++ worker threads) or a gymnasium vector env in this process; auto takes
+    gymnasium for classic-control envs whose Python steps together cost less than envpool's hand-off to its threads
+    (PYTHON_STEP_US: up to 8 CartPoles, 2 Acrobots) and do not render, and envpool for everything else it has"""
     preset: Literal["auto", "classic", "atari", "mujoco"] = "auto"
     """defaults that reproduce a family's rl-baselines3-zoo reference: classic (SB3's A2C defaults, 8 envs x 5 steps,
     500k steps), atari (10M steps, 16 envs, ent 0.01, vf 0.25, TensorFlow-like RMSprop), mujoco (1M steps, 1 env x 5
@@ -215,14 +219,42 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, render: bool = False):
-    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
+# What one classic-control env's step costs in gymnasium's Python (microseconds, 2-core x86 CPU, inside a training
+# loop): up to about 60 us of them together, gymnasium in the process beats envpool, whose hand-off to its worker
+# threads costs 65-95 us inside a loop however few envs it steps (docs/speed.md)
+PYTHON_STEP_US = {
+    "CartPole-v0": 6,
+    "CartPole-v1": 6,
+    "MountainCar-v0": 9,
+    "MountainCarContinuous-v0": 3,
+    "Pendulum-v1": 10,
+    "Acrobot-v1": 27,
+}
+
+
+def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
+    """The backend that steps env_id (see Args.env_backend); a clear error where the chosen one lacks the id.
+    auto renders with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
+    in_envpool = envpool_has(env_id)
+    spec = gym.registry.get(env_id)
+    cheap = num_envs * PYTHON_STEP_US.get(env_id, float("inf")) <= 60
+    if backend == "auto":
+        return "gymnasium" if not in_envpool or (cheap and not render) else "envpool"
+    if backend == "envpool" and not in_envpool:
+        fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
+    if backend == "gymnasium" and spec is None and ":" not in env_id:
+        fail(f"gymnasium has no env '{env_id}' registered; pass --env-backend envpool (or auto)")
+    return backend
+
+
+def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, backend: str, render=False):
+    """A vector env with next-step autoreset, from the backend pick_backend chooses.
 
     Returns (envs, is_atari). After a step that ends an episode, the next step ignores its action and returns
     reward 0 and the first observation of the next episode; the training loop masks that step out.
     """
     render_kwargs = dict(render_mode="rgb_array") if render else {}
-    if envpool_has(env_id):
+    if pick_backend(env_id, num_envs, backend, render) == "envpool":
         is_atari = hasattr(envpool.make_spec(env_id).config, "episodic_life")
         atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip) if is_atari else {}
         envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
@@ -239,12 +271,12 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
     return envs, False
 
 
-def can_render(env_id: str) -> bool:
+def can_render(env_id: str, backend: str) -> bool:
     """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         f"import sys; sys.path.insert(0, {here!r}); import a2c; "
-        f"envs, _ = a2c.make_env({env_id!r}, 1, 0, False, False, render=True); envs.reset(); envs.render()"
+        f"envs, _ = a2c.make_env({env_id!r}, 1, 0, False, False, {backend!r}, render=True); envs.reset(); envs.render()"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
 
@@ -654,7 +686,7 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 
     Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, render=video is not None)
+    envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, video is not None)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
@@ -769,7 +801,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         )
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
-    if args.capture_video and not can_render(args.env_id):
+    pick_backend(args.env_id, args.num_envs // args.world_size, args.env_backend)  # fails when the chosen one lacks the env
+    if args.capture_video and not can_render(args.env_id, args.env_backend):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
 
@@ -943,7 +976,9 @@ def main(args: Args) -> None:
 
     # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
     T, N = args.num_steps, args.num_envs // args.world_size
-    envs, is_atari = make_env(args.env_id, N, args.seed + global_step + rank * N, args.episodic_life, args.reward_clip)
+    envs, is_atari = make_env(
+        args.env_id, N, args.seed + global_step + rank * N, args.episodic_life, args.reward_clip, args.env_backend
+    )
     continuous = isinstance(action_space, gym.spaces.Box)
 
     # rollout storage, preallocated on the device; frames stay uint8

@@ -45,8 +45,8 @@ class Args:
     """envpool id (CartPole-v1, Breakout-v5, ...) or any gymnasium id with Discrete actions, including 'module:Env-v0'"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
     """who steps the envs: envpool (C++ worker threads) or a gymnasium vector env in this process; auto takes
-    gymnasium for a single classic-control env that does not render (its Python step costs less than envpool's
-    hand-off to a worker thread), and envpool for everything else it has"""
+    gymnasium for classic-control envs whose Python steps together cost less than envpool's hand-off to its threads
+    (PYTHON_STEP_US: up to 8 CartPoles, 2 Acrobots) and do not render, and envpool for everything else it has"""
     preset: Literal["auto", "classic", "atari"] = "auto"
     """defaults that reproduce a family's reference: classic (CleanRL dqn.py), atari (CleanRL dqn_atari.py: 10M steps,
     1M buffer, lr 1e-4, batch 32, train every 4 steps, target copy every 1000); auto picks atari for image observations"""
@@ -212,14 +212,27 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
+# What one classic-control env's step costs in gymnasium's Python (microseconds, 2-core x86 CPU, inside a training
+# loop): up to about 60 us of them together, gymnasium in the process beats envpool, whose hand-off to its worker
+# threads costs 65-95 us inside a loop however few envs it steps (docs/speed.md)
+PYTHON_STEP_US = {
+    "CartPole-v0": 6,
+    "CartPole-v1": 6,
+    "MountainCar-v0": 9,
+    "MountainCarContinuous-v0": 3,
+    "Pendulum-v1": 10,
+    "Acrobot-v1": 27,
+}
+
+
 def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
     """The backend that steps env_id (see Args.env_backend); a clear error where the chosen one lacks the id.
     auto renders with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
     in_envpool = envpool_has(env_id)
     spec = gym.registry.get(env_id)
-    classic = spec is not None and str(spec.entry_point).startswith("gymnasium.envs.classic_control")
+    cheap = num_envs * PYTHON_STEP_US.get(env_id, float("inf")) <= 60
     if backend == "auto":
-        return "gymnasium" if not in_envpool or (classic and num_envs == 1 and not render) else "envpool"
+        return "gymnasium" if not in_envpool or (cheap and not render) else "envpool"
     if backend == "envpool" and not in_envpool:
         fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
     if backend == "gymnasium" and spec is None and ":" not in env_id:

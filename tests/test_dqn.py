@@ -145,10 +145,15 @@ def test_reset_step_never_enters_the_buffer_and_truncation_keeps_the_final_obser
     assert counts["game_overs"] >= 5 and counts["truncations"] >= 5, counts
 
 
-def test_auto_backend_is_gymnasium_for_one_classic_control_env_and_envpool_otherwise():
+def test_auto_backend_is_gymnasium_for_classic_control_envs_cheap_enough_in_python_and_envpool_otherwise():
+    """Up to 60 us of PYTHON_STEP_US together: 8 CartPoles, 2 Acrobots; ids without a cost, envpool."""
     pick = dqn.pick_backend
-    assert pick("CartPole-v1", 1, "auto") == pick("MountainCar-v0", 1, "auto") == "gymnasium"
-    assert pick("CartPole-v1", 4, "auto") == pick("Breakout-v5", 1, "auto") == pick("LunarLander-v2", 1, "auto") == "envpool"
+    assert pick("CartPole-v1", 1, "auto") == pick("MountainCar-v0", 1, "auto") == pick("Acrobot-v1", 2, "auto") == "gymnasium"
+    assert pick("CartPole-v1", 8, "auto") == pick("Pendulum-v1", 6, "auto") == "gymnasium"
+    assert pick("CartPole-v1", 16, "auto") == pick("Acrobot-v1", 4, "auto") == pick("MountainCar-v0", 16, "auto") == "envpool"
+    assert (
+        pick("Breakout-v5", 1, "auto") == pick("LunarLander-v2", 1, "auto") == pick("HalfCheetah-v4", 1, "auto") == "envpool"
+    )
     assert pick("corridor_env:Corridor-v0", 4, "auto") == "gymnasium"  # envpool lacks it
     assert pick("CartPole-v1", 1, "envpool") == "envpool" and pick("CartPole-v1", 8, "gymnasium") == "gymnasium"
     assert pick("CartPole-v1", 1, "auto", render=True) == "envpool"  # gymnasium would need pygame to render it
