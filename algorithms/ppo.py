@@ -63,7 +63,7 @@ class Args:
     compile: bool = False
     """torch.compile the acting step and the minibatch update (inductor, on CPU and CUDA; the first iterations pay the
     compile time, which inductor caches on disk for later runs): off by default, the eager code is the one to read. On a
-    CPU it pays only on long runs (CartPole: from about 80k steps; a short run loses the seconds of compiling, or of
+    CPU it pays only on long runs (CartPole: from about 400k steps; a short run loses the seconds of compiling, or of
     loading inductor's cache, and the checks of every compiled call); docs/speed.md"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
