@@ -801,7 +801,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         )
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
-    pick_backend(args.env_id, args.num_envs // args.world_size, args.env_backend)  # fails when the chosen one lacks the env
+    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     if args.capture_video and not can_render(args.env_id, args.env_backend):
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
@@ -974,11 +974,11 @@ def main(args: Args) -> None:
     progress = Progress(args, global_step, args.total_timesteps)
     stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them,
+    # from the backend that one process would step them all with
     T, N = args.num_steps, args.num_envs // args.world_size
-    envs, is_atari = make_env(
-        args.env_id, N, args.seed + global_step + rank * N, args.episodic_life, args.reward_clip, args.env_backend
-    )
+    seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
+    envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend)
     continuous = isinstance(action_space, gym.spaces.Box)
 
     # rollout storage, preallocated on the device; frames stay uint8

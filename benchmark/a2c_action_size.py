@@ -32,7 +32,7 @@ for path in args.model:
     if not (isinstance(state, dict) and state.get("script") == "a2c.py" and state.get("kind") == "model"):
         raise SystemExit(f"a2c_action_size.py: '{path}' is not an a2c.py model; pass the runs/<run>/a2c.model of a run")
     saved = state["args"]
-    envs, _ = a2c.make_env(saved["env_id"], 1, saved["seed"] + 100_000, False, False)
+    envs, _ = a2c.make_env(saved["env_id"], 1, saved["seed"] + 100_000, False, False, "auto")
     if not isinstance(envs.single_action_space, a2c.gym.spaces.Box):
         raise SystemExit(f"a2c_action_size.py: {saved['env_id']} has discrete actions; there are no bounds to leave")
     agent = a2c.Agent(envs.single_observation_space, envs.single_action_space)

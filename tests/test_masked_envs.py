@@ -34,7 +34,7 @@ def test_a_masked_env_is_its_base_env_with_the_velocities_at_zero(masked_id):
 def test_the_scripts_reach_the_masked_envs_by_their_module_path():
     """`--env-id masked_envs:CartPoleNoVel-v1` with benchmark/ on the path goes through ppo.py's gymnasium path."""
     ppo = load_algorithm("ppo")
-    envs, is_atari = ppo.make_env("masked_envs:CartPoleNoVel-v1", 3, 0, False, False)
+    envs, is_atari = ppo.make_env("masked_envs:CartPoleNoVel-v1", 3, 0, False, False, "auto")
     obs, _ = envs.reset(seed=0)
     assert not is_atari and obs.shape == (3, 4) and (obs[:, [1, 3]] == 0).all() and (obs[:, [0, 2]] != 0).all()
     envs.close()

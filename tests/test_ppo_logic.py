@@ -80,7 +80,7 @@ def test_episode_stats_across_termination_truncation_and_life_loss():
 
 def test_episode_stats_give_envpool_breakout_full_game_score_and_length():
     """With episodic life, a logged episode is the whole game: its length is envpool's own step count."""
-    envs, is_atari = ppo.make_env("Breakout-v5", 1, seed=3, episodic_life=True, reward_clip=True)
+    envs, is_atari = ppo.make_env("Breakout-v5", 1, seed=3, episodic_life=True, reward_clip=True, backend="auto")
     assert is_atari
     envs.reset()
     rng = np.random.default_rng(0)
@@ -104,7 +104,7 @@ def test_frame_stack_sets_the_frames_of_an_atari_observation_and_its_space():
     """--frame-stack k: envpool stacks the latest k frames, the space main builds the network from says the same, and
     the newest frame is the last one (the frame a 1-frame stack shows)."""
     for k in (1, 2):
-        envs, _ = ppo.make_env("Breakout-v5", 2, seed=0, episodic_life=True, reward_clip=True, frame_stack=k)
+        envs, _ = ppo.make_env("Breakout-v5", 2, 0, True, True, "auto", frame_stack=k)
         obs, _ = envs.reset()
         assert obs.shape == (2, k, 84, 84) and obs.dtype == np.uint8
         assert ppo.stacked_spaces("Breakout-v5", k)[0].shape == (k, 84, 84)
@@ -118,8 +118,8 @@ def test_frame_stack_sets_the_frames_of_an_atari_observation_and_its_space():
 def test_make_env_autoresets_on_the_next_step_for_envpool_and_gymnasium(monkeypatch):
     """The convention the rollout relies on: after done, one reset step with reward 0 and no done."""
     monkeypatch.syspath_prepend(str(ROOT / "tests"))
-    for env_id in ("CartPole-v1", "corridor_env:Corridor-v0"):
-        envs, _ = ppo.make_env(env_id, 1, seed=0, episodic_life=False, reward_clip=False)
+    for env_id, backend in (("CartPole-v1", "envpool"), ("CartPole-v1", "gymnasium"), ("corridor_env:Corridor-v0", "auto")):
+        envs, _ = ppo.make_env(env_id, 1, seed=0, episodic_life=False, reward_clip=False, backend=backend)
         envs.reset()
         action = np.ones(1, dtype=np.int64)
         done_at = None

@@ -101,13 +101,15 @@ def test_two_rnd_ppo_processes_keep_the_same_networks_statistics_and_filter(tmp_
     assert len(ckpt["rng"]) == 2 and ckpt["rewems"].shape == (4,)
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "masked_envs:CartPoleNoVel-v1"])
-def test_process_r_steps_envs_r_times_n_to_the_next_share_of_one_process_with_them_all(env_id):
-    """main gives process r the seed `seed + r * N` for its N envs: envpool and gymnasium seed env i of a pool with
-    seed + i, so two processes of 2 envs step the same envs as one process of 4 (same first observations, same
-    observations after the same actions)."""
-    one, _ = ppo.make_env(env_id, 4, 7, False, False)
-    shares = [ppo.make_env(env_id, 2, 7 + r * 2, False, False)[0] for r in (0, 1)]
+@pytest.mark.parametrize(
+    "env_id, backend", [("CartPole-v1", "envpool"), ("CartPole-v1", "gymnasium"), ("masked_envs:CartPoleNoVel-v1", "auto")]
+)
+def test_process_r_steps_envs_r_times_n_to_the_next_share_of_one_process_with_them_all(env_id, backend):
+    """main gives process r the seed `seed + r * N` for its N envs, from the backend one process would step them all
+    with: envpool and gymnasium seed env i of a pool with seed + i, so two processes of 2 envs step the same envs as one
+    process of 4 (same first observations, same observations after the same actions)."""
+    one, _ = ppo.make_env(env_id, 4, 7, False, False, backend)
+    shares = [ppo.make_env(env_id, 2, 7 + r * 2, False, False, backend)[0] for r in (0, 1)]
     first = [one.reset()[0], np.concatenate([share.reset()[0] for share in shares])]
     np.testing.assert_array_equal(first[0], first[1])
     actions = np.array([0, 1, 1, 0])
