@@ -565,9 +565,8 @@ class RunningMeanStd:
     """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
     and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
     (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun,
-    of every process's rows, in process order: every process keeps the same statistics, those of one process with all
-    the envs."""
+    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
+    the same statistics, those of one process with all the envs."""
 
     def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
         self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
@@ -765,16 +764,8 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 
     Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
     """
-    envs, _ = make_env(
-        args.env_id,
-        args.eval_episodes,
-        args.seed + 100_000,
-        False,
-        False,
-        args.env_backend,
-        video is not None,
-        args.frame_stack,
-    )
+    seed, render = args.seed + 100_000, video is not None
+    envs, _ = make_env(args.env_id, args.eval_episodes, seed, False, False, args.env_backend, render, args.frame_stack)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
