@@ -42,6 +42,8 @@ TAGS = {
         ("Pendulum-v1", ["--total-timesteps", "4096", "--num-steps", "1024", "--update-epochs", "2"]),
         ("Breakout-v5", "--total-timesteps 256 --num-envs 2 --num-steps 64 --update-epochs 1 --eval-episodes 1".split()),
         ("corridor_env:Corridor-v0", ["--total-timesteps", "2048"]),  # a gymnasium env envpool lacks
+        # envpool's MuJoCo observations are float64: without statistics, training and evaluation still feed float32
+        ("HalfCheetah-v4", "--total-timesteps 2048 --num-steps 1024 --no-norm-obs --eval-episodes 1".split()),
     ],
 )
 def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_env):
