@@ -392,7 +392,8 @@ def scale_reward(
     """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
 
     Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
-    skipping it would need a host sync per step. Returns (scaled reward, discounted return for the next step).
+    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
+    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
     """
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return[:, None])
@@ -1085,9 +1086,7 @@ def main(args: Args) -> None:
             host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
             if return_rms is not None:
                 # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma (see docs/ppg_procgen.md)
-                host_rows[0], discounted_return = scale_reward(
-                    host_rows[0].astype(np.float64), discounted_return, done, return_rms, args.gamma
-                )
+                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
             step_rows[:, step] = torch.from_numpy(host_rows)
             next_obs = torch.as_tensor(next_obs_np, device=device)
             ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
