@@ -10,6 +10,7 @@ import io
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -175,7 +176,7 @@ RANGES = dict(
     max_grad_norm="(0, inf)",
     target_kl="(0, inf)",
     frame_stack="[1, inf)",
-    rnn_size="[1, inf)",
+    rnn_size="[1, 16384]",
 )
 
 # The settings of CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py, whose published results
@@ -821,18 +822,22 @@ def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): the rollout on the training
-    device (main's observations, actions and six float32 (T, N) tensors, the update's advantages and returns; frames as
-    uint8), one minibatch through the network (its float32 input and activations, with a fifth more for their
-    gradients, as measured on Breakout) and the env pool."""
+    """What the run will store, reckoned before anything is allocated (check_storage): the network with its gradients
+    and Adam's moments; the rollout on the training device (main's observations, actions and six float32 (T, N)
+    tensors, the update's advantages and returns; frames as uint8); one minibatch through the network (its float32 input
+    and activations, with a fifth more for their gradients, as measured on Breakout); the env pool."""
     T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
     obs_size = int(np.prod(obs_space.shape))
     action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
-    with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
+    with torch.random.fork_rng(), torch.device("meta"):  # shapes only: nothing allocated, no random number drawn
         agent = Agent(obs_space, action_space, args.rnn, args.rnn_size)
-    activations = forward_floats(agent, agent.get_action_and_value, torch.zeros((1,) + obs_space.shape))
+        activations = forward_floats(agent, agent.get_action_and_value, torch.zeros((1,) + obs_space.shape))
     obs_bytes = obs_size * (1 if obs_space.dtype == np.uint8 else 4)
+    memory = f" with --rnn {args.rnn} --rnn-size {args.rnn_size}" if args.rnn != "none" else ""
     return {
+        f"the network{memory}, its gradients and Adam's moments": (
+            network_bytes(lambda: Agent(obs_space, action_space, args.rnn, args.rnn_size)), device,
+            "lower --rnn-size" if memory else "use an env with smaller observations"),
         f"the rollout (--num-envs {N} x --num-steps {T} steps of {shape} observations)": (
             T * N * (obs_bytes + action_bytes + 8 * 4), device, "lower --num-envs or --num-steps"),
         f"a minibatch ({N} envs x {T} steps / --num-minibatches {args.num_minibatches})": (
@@ -848,11 +853,20 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"ppo.py handles Discrete and Box action spaces; {args.env_id} has {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail(f"ppo.py needs a vector or a (C, H, W) image observation; {args.env_id} has {obs_space}")
-    if args.norm_obs and obs_space.dtype == np.uint8:
+    evaluates = args.eval_every > 0 or args.save_model
+    refuse_meaningless(args, [
         # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead
+        (("norm_obs",), obs_space.dtype == np.uint8, f"is for vector observations, and {args.env_id} has uint8 frames"),
+        (("episodic_life", "reward_clip", "frame_stack"), not atari_id(args.env_id),
+         f"is for envpool's Atari ids, and {args.env_id} is not one"),
+        (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
+        (("eval_episodes", "eval_deterministic", "capture_video"), not evaluates,
+         "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
+        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
+         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+    ])  # fmt: skip
+    if args.norm_obs and obs_space.dtype == np.uint8:  # a checkpoint's, or a preset's
         fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
-    if args.frame_stack != Args.frame_stack and not atari_id(args.env_id):
-        fail(f"--frame-stack is for envpool's Atari ids, and {args.env_id} is not one; leave out --frame-stack")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
@@ -1073,7 +1087,7 @@ def main(args: Args) -> None:
     # only process 0 writes logs, checkpoints and models
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
-        say_device(device)
+        say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
 
@@ -1241,10 +1255,28 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))
         raise
+    args.typed = typed_flags(argv)  # not a field: neither saved in checkpoints nor shown as a hyperparameter
     check_ranges(args)
-    args = resumed_args(args, argv) if args.resume else args
+    args = resumed_args(args) if args.resume else args
     check_video_writer(args)
     return args
+
+
+def typed_flags(argv: list[str]) -> frozenset[str]:
+    """The fields of Args whose flags are on the command line ('--name v', '--name=v', '--no-name' for a boolean), dashes
+    or underscores: what the user asked for, as against a default. check_args refuses the ones a run would ignore."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return frozenset(n for n in names if n in fields) | frozenset(n[3:] for n in names if n[:3] == "no_" and n[3:] in fields)
+
+
+def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
+    """Each rule is (flags, whether this run makes them meaningless, why): a flag of a rule that holds, typed on the
+    command line with whatever value (its default included), is refused in one line, rather than silently ignored."""
+    for names, holds, why in rules:
+        typed = [name for name in names if holds and name in getattr(args, "typed", ())]
+        if typed:
+            fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
 
 
 def one_line_help(cls: type) -> None:
@@ -1254,8 +1286,10 @@ def one_line_help(cls: type) -> None:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            name = field.target.id
-            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
+            name, text = field.target.id, " ".join(doc.value.value.split())
+            if name in RANGES and not RANGES[name].endswith("inf)"):  # a size flag's upper end, and the like
+                text += f" (range {RANGES[name]})"
+            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=text)]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -1308,16 +1342,38 @@ def check_video_writer(args: Args) -> None:
         )
 
 
-def resumed_args(args: Args, argv: list[str]) -> Args:
-    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
+# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
+# that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
+# stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
+# from the step the run resumes at, as if the run had been started with it.
+RESUMABLE = (
+    "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
+    "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
+    "cuda",
+)  # fmt: skip
+
+
+def resumed_args(args: Args) -> Args:
+    """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
+    other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
     saved = load_checkpoint(args.resume, args.env_id)["args"]
-    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
     fields = [f.name for f in dataclasses.fields(Args)]
-    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
-    if ignored:
-        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
-    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+    changes = {}
+    for name in sorted(args.typed - {"resume"}, key=fields.index):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if name not in saved or value == saved[name]:
+            continue
+        if name not in RESUMABLE:
+            fail(
+                f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
+                f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            )
+        changes[name] = value
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+    resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
+    resumed.typed = args.typed
+    return resumed
 
 
 def new_run_name(args: Args) -> str:
@@ -1346,11 +1402,15 @@ def seed_and_device(args: Args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
-def say_device(device: torch.device) -> None:
-    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+def say_device(device: torch.device, share: str = "") -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU); under torchrun, how many
+    processes on how many machines train together, and what each one steps (`share`, said by the algorithm)."""
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
 
 
 def memory_free(device: torch.device) -> int:
@@ -1396,6 +1456,14 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     return sum(counts)
 
 
+def network_bytes(build, trained: bool = True) -> int:
+    """Bytes of the network that build() makes, built on PyTorch's meta device (shapes only: nothing allocated, no
+    random number drawn): its float32 parameters and, for a trained network, their gradients and Adam's two moments."""
+    with torch.random.fork_rng(), torch.device("meta"):
+        model = build()
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
+
+
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
     """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
     store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
@@ -1436,7 +1504,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     checkpoint, so that no step of the curve repeats."""
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
 
@@ -1511,15 +1579,32 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     os.replace(f"{path}.tmp", path)
 
 
+# The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
+# allowed by name to PyTorch's safe unpickler: an array's and a scalar's rebuilding functions, and the array's dtypes
+NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
+NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
+NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
+
+
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     """A checkpoint of this script and env, or one line that says what the file is instead."""
     what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
     if not os.path.isfile(path):
         fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
     try:
-        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        # weights_only: PyTorch's safe unpickler, which builds tensors, plain Python values and the numpy types named in
+        # NUMPY_TYPES (RNG states, host statistics) and refuses anything else before it runs; mmap: a large checkpoint
+        # (a saved replay buffer) is paged in as it is used, not read whole first
+        with torch.serialization.safe_globals(NUMPY_TYPES):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
+        if "WeightsUnpickler" in str(e):
+            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
+            kind = found and (found.group(1) or found.group(2))
+            fail(
+                f"'{path}' holds {kind or 'objects'} beside tensors and plain values, which no checkpoint holds, so it "
+                f"was not read (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust"
+            )
         fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
     script = state.get("script") if isinstance(state, dict) else None
     if script != SCRIPT:

@@ -25,9 +25,10 @@ if args.steps < 1:
 a2c = load_algorithm("a2c")
 torch.set_num_threads(1)
 for path in args.model:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # a missing or unreadable file: the same one line as any other wrong file
+    try:  # the safe loader, as a2c.py reads its files: nothing in a file runs
+        with torch.serialization.safe_globals(a2c.NUMPY_TYPES):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a missing, unreadable or unsafe file: the same one line as any other wrong file
         state = None
     if not (isinstance(state, dict) and state.get("script") == "a2c.py" and state.get("kind") == "model"):
         raise SystemExit(f"a2c_action_size.py: '{path}' is not an a2c.py model; pass the runs/<run>/a2c.model of a run")

@@ -84,6 +84,13 @@ def python_paths(env: dict | None) -> list[str]:
     return [p for p in (env or {}).get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
+def load_file(path) -> dict:
+    """A checkpoint or model file read as the scripts read it: PyTorch's safe loader (weights_only), with the numpy types
+    the scripts allow by name (NUMPY_TYPES, the same in every file's shared block), so that nothing in a file runs."""
+    with torch.serialization.safe_globals(load_algorithm("ppo").NUMPY_TYPES):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def check_run(name: str, run_dir: Path, env=None) -> None:
     """What every finished smoke run must show: each logged scalar finite, and a saved model whose weights are finite
     and no longer those of a freshly initialised model of the same seed (a NaN loss or a skipped optimiser step)."""
@@ -93,7 +100,7 @@ def check_run(name: str, run_dir: Path, env=None) -> None:
     model_path = run_dir / f"{name}.model"
     if not model_path.is_file():
         return
-    state = torch.load(model_path, map_location="cpu", weights_only=False)
+    state = load_file(model_path)
     saved = {"q": state["q"]} if name == "qlearning" else state["model"]
     assert all(torch.isfinite(v).all() for v in saved.values() if v.is_floating_point()), f"{model_path}: not finite"
     if name == "qlearning":

@@ -4,11 +4,11 @@ import signal
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import (
     assert_one_error_line,
     load_algorithm,
+    load_file,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -54,7 +54,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
     # 256 Breakout steps end no game; test_episodic_return_is_the_raw_atari_score covers its episodes
     expected = TAGS - {"charts/episodic_return", "charts/episodic_length"} if env_id == "Breakout-v5" else TAGS
     assert expected <= set(scalars(run))
-    model = torch.load(run / "ppo.model", weights_only=False)
+    model = load_file(run / "ppo.model")
     assert model["args"]["env_id"] == env_id
     # MuJoCo-style runs carry their observation statistics, moved away from their initial values
     assert (model["obs_rms"] is not None) == (env_id == "Pendulum-v1")
@@ -142,7 +142,7 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
     flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--checkpoint-every", "5120"]
     stop_run("ppo", *flags, cwd=tmp_path, at=8192, sig=sig)  # between two periodic checkpoints
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert 5120 <= ckpt["global_step"] < total
     resumed = run_algorithm("ppo", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
     assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout

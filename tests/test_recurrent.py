@@ -5,7 +5,17 @@ it, runs end to end (smoke, save and reload, stop and resume) and bad input."""
 import pytest
 import torch
 
-from conftest import CPU, assert_one_error_line, load_algorithm, only_run, run_algorithm, run_bad_input, scalars, stop_run
+from conftest import (
+    CPU,
+    assert_one_error_line,
+    load_algorithm,
+    load_file,
+    only_run,
+    run_algorithm,
+    run_bad_input,
+    scalars,
+    stop_run,
+)
 
 ppo, a2c, rnd_ppo = load_algorithm("ppo"), load_algorithm("a2c"), load_algorithm("rnd_ppo")
 
@@ -216,7 +226,7 @@ def test_smoke_recurrent_runs_train_save_reload_and_evaluate(tmp_path, script, e
     logs, weights that moved), saves, reloads the model from disk with its memory and evaluates it."""
     run_algorithm(script, "--env-id", env_id, "--rnn", rnn, *flags, "--save-model", "--eval-episodes", "2", CPU, cwd=tmp_path)
     run = only_run(tmp_path)
-    state = torch.load(run / f"{script}.model", weights_only=False)
+    state = load_file(run / f"{script}.model")
     assert any(k.startswith("memory.") for k in state["model"])
     if script == "ppo" and env_id == "Breakout-v5":  # the recurrent Atari preset sees one frame per observation
         assert state["model"]["encoder.0.weight"].shape[1] == 1 and state["args"]["frame_stack"] == 1

@@ -19,6 +19,7 @@ from conftest import (
     SMOKE_TIMEOUT,
     assert_one_error_line,
     load_algorithm,
+    load_file,
     one_thread,
     run_algorithm,
     run_bad_input,
@@ -76,7 +77,7 @@ def test_two_processes_keep_the_same_weights_and_statistics_and_process_0_logs_e
     for a, b in zip(held[0]["statistics"], held[1]["statistics"], strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
     (run,) = run_dirs(tmp_path)
-    assert len(torch.load(run / "checkpoint.pt", weights_only=False)["rng"]) == 2
+    assert len(load_file(run / "checkpoint.pt")["rng"]) == 2
     alone = tmp_path / "alone"
     alone.mkdir()
     run_algorithm(script, *flags, cwd=alone)
@@ -97,7 +98,7 @@ def test_two_rnd_ppo_processes_keep_the_same_networks_statistics_and_filter(tmp_
     for a, b in zip(held[0]["statistics"], held[1]["statistics"], strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
     (run,) = run_dirs(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert len(ckpt["rng"]) == 2 and ckpt["rewems"].shape == (4,)
 
 
@@ -168,7 +169,7 @@ def test_two_ppg_processes_keep_the_same_networks_and_reward_statistics_through_
     assert all(torch.equal(a[k], b[k]) for k in a)
     (run,) = run_dirs(tmp_path)
     assert [s for s, _, _ in scalars(run)["losses/bc_kl"]] == [256, 512]
-    assert len(torch.load(run / "checkpoint.pt", weights_only=False)["rng"]) == 2
+    assert len(load_file(run / "checkpoint.pt")["rng"]) == 2
 
 
 def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_with_every_process_frames(tmp_path):
@@ -179,7 +180,7 @@ def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_with_every_process
     out = stop_launch("ppg_procgen", flags, tmp_path, r"auxiliary phase 2: epoch [12]/")
     assert "inside an auxiliary phase" in out
     (run,) = run_dirs(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert ckpt["iteration"] == 4 and len(ckpt["phase"]) == len(ckpt["aux"]) == 2
     assert ckpt["aux"][0]["epoch"] == ckpt["aux"][1]["epoch"] and ckpt["aux"][0]["done"] == ckpt["aux"][1]["done"]
     for saved in ckpt["phase"]:  # 2 slots x 32 steps x 2 envs of 3x64x64 frames

@@ -1,0 +1,204 @@
+"""What a run must refuse in one line, in each of the eight files, before anything is written: a checkpoint or model
+file whose unpickling would run code (read with PyTorch's safe loader, nothing in it runs), a flag typed beside
+--resume that would change how the resumed run learns, a flag this env or run makes meaningless (typed with its
+default value), a network too large for the machine; and what a resumed run accepts: a longer run, the same values."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import (
+    CPU,
+    ROOT,
+    assert_one_error_line,
+    load_algorithm,
+    load_file,
+    marks,
+    only_run,
+    run_algorithm,
+    run_bad_input,
+    run_in_process,
+    scalars,
+)
+
+ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
+MODULES = {name: load_algorithm(name) for name in ALGORITHMS}
+
+
+class WritesAFile:
+    """Unpickled, it opens a file for writing, which creates it: a stand-in for code a crafted file would run."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def crafted(name: str, kind: str, path, marker) -> str:
+    """A file that looks like a checkpoint (kind "checkpoint") or a saved model (kind "model") of name's script, with
+    the marks its loader checks, whose weights unpickle to WritesAFile(marker)."""
+    env_id = MODULES[name].Args.env_id
+    torch.save({"kind": kind, "args": {"env_id": env_id}, **marks(f"{name}.py", model=WritesAFile(str(marker)))}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_a_crafted_checkpoint_is_refused_and_nothing_in_it_runs(name, tmp_path):
+    marker = tmp_path / "written_by_the_checkpoint"
+    path = crafted(name, "checkpoint", tmp_path / "checkpoint.pt", marker)
+    proc = run_bad_input(name, ["--env-id", MODULES[name].Args.env_id, "--resume", path], tmp_path, "CartPole-v1")
+    assert_one_error_line(name, proc, r"holds io\.open beside tensors and plain values.*nothing in it ran")
+    assert not marker.exists()
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_a_crafted_model_file_is_refused_and_nothing_in_it_runs(name, tmp_path):
+    """A model file is read by the same loader as a checkpoint (the final evaluation reloads it from disk)."""
+    marker = tmp_path / "written_by_the_model"
+    path = crafted(name, "model", tmp_path / f"{name}.model", marker)
+    proc = run_in_process(name, lambda m: m.load_checkpoint(path, m.Args.env_id, kind="model"), tmp_path)
+    assert_one_error_line(name, proc, r"holds io\.open beside tensors and plain values.*nothing in it ran")
+    assert not marker.exists()
+
+
+# A short run of each file that writes a checkpoint at its end, the flag of its length, and the longer length a resume
+# extends it to. qlearning.py's --num-envs is its own default; dqn.py's and ddpg_td3.py's learning starts within the run.
+RESUMED = {
+    "ppo": ("--env-id CartPole-v1 --num-steps 64 --total-timesteps 512 --checkpoint-every 512", "total_timesteps", 1024),
+}
+
+
+def tag_steps(run) -> list[int]:
+    """The steps of the run's per-iteration (or per-log) scalar, charts/SPS, in the order they were written."""
+    return [step for step, _, _ in scalars(run)["charts/SPS"]]
+
+
+@pytest.mark.parametrize("name", sorted(RESUMED))
+def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_changes(name, tmp_path):
+    flags, length, longer = RESUMED[name]
+    flags = [*flags.split(), CPU, "--seed", "1"]
+    run_algorithm(name, *flags, "--progress-interval", "0", cwd=tmp_path)
+    run = only_run(tmp_path)
+    checkpoint = str(run / "checkpoint.pt")
+    before = tag_steps(run)
+    env_id = ["--env-id", MODULES[name].Args.env_id if "--env-id" not in flags else flags[flags.index("--env-id") + 1]]
+    flag = f"--{length.replace('_', '-')}"
+
+    # a flag that changes how the run learns, with another value than the checkpoint's: refused, nothing written
+    proc = run_bad_input(name, [*env_id, "--resume", checkpoint, "--seed", "2"], tmp_path, "CartPole-v1")
+    assert_one_error_line(name, proc, r"--seed 2 differs from the checkpoint's 1.*leave out --seed \(or pass 1\)")
+    assert tag_steps(run) == before
+
+    # a longer run, with the same seed typed again: applied and said; the curve goes on from the checkpoint, no gap
+    proc = run_algorithm(name, *env_id, "--resume", checkpoint, flag, str(longer), "--seed", "1", cwd=tmp_path)
+    old = flags[flags.index(flag) + 1]
+    assert f"resuming with {flag} {longer} (the checkpoint has {old})" in proc.stdout
+    after = tag_steps(run)
+    assert after[: len(before)] == before and len(after) > len(before)
+    gaps = np.diff(after)
+    assert (gaps > 0).all() and gaps[len(before) - 1] <= gaps[: len(before) - 1].max(initial=gaps[-1]), after
+    assert load_file(checkpoint)["args"][length] == longer  # the checkpoint the longer run wrote at its end
+
+
+# Each file's flags that a run makes meaningless, typed with their default value: (flags, the line's pattern)
+MEANINGLESS = {
+    "ppo": [
+        ("--env-id CartPole-v1 --frame-stack 4", r"--frame-stack is for envpool's Atari ids, and CartPole-v1 is not one"),
+        ("--env-id CartPole-v1 --episodic-life", r"--episodic-life is for envpool's Atari ids"),
+        ("--env-id Breakout-v5 --no-norm-obs", r"--norm-obs is for vector observations, and Breakout-v5 has uint8 frames"),
+        ("--env-id CartPole-v1 --rnn-size 128", r"--rnn-size sizes the recurrent layer, and this run has none"),
+        ("--env-id CartPole-v1 --eval-episodes 10", r"--eval-episodes sets the evaluations, and this run has none"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "name, flags, message", [(name, flags, message) for name, rows in MEANINGLESS.items() for flags, message in rows]
+)
+def test_a_flag_the_run_makes_meaningless_is_refused_even_with_its_default_value(name, flags, message, tmp_path):
+    proc = run_bad_input(name, [*flags.split(), CPU], tmp_path, "CartPole-v1")
+    assert_one_error_line(name, proc, message + r".*; leave it out")
+
+
+# A network no machine here holds (the flags), and one of the same kind that fits (the size flag's value), for each
+# file with a network to size; the reckoning's network stores are those whose names start with NETWORKS
+OVERSIZED = {
+    "ppo": ("--env-id CartPole-v1 --rnn lstm --rnn-size 16384", "--rnn-size", "256"),
+}
+NETWORKS = ("the network", "the networks")
+
+
+def reckoned_networks(name: str, flags: list[str]) -> int:
+    module = MODULES[name]
+    args = module.parse_args(flags)
+    obs_space, action_space = module.env_spaces(args.env_id)
+    check = module.check_args(args, obs_space, action_space)
+    extra = (check,) if name == "qlearning" else ()  # its grid
+    stores = module.storage(args, obs_space, action_space, torch.device("cpu"), *extra)
+    return sum(size for store, (size, _, _) in stores.items() if store.startswith(NETWORKS))
+
+
+def allocated_networks(held: dict) -> int:
+    """Bytes of the parameters, gradients and optimiser states that main's locals hold, each tensor counted once."""
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+
+    for value in held.values():
+        if isinstance(value, torch.nn.Module):
+            for p in value.parameters():
+                add(p)
+                add(p.grad)
+        elif isinstance(value, torch.optim.Optimizer):
+            for state in value.state.values():
+                for t in state.values():
+                    add(t if t.dim() else None)  # Adam's step count is a scalar per parameter: not storage to plan for
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(OVERSIZED))
+def test_a_network_too_large_for_the_machine_is_refused_before_anything_is_written(name, tmp_path):
+    flags, _, _ = OVERSIZED[name]
+
+    def call(module):
+        module.memory_free = lambda device: 8 * 2**30  # the same machine for every run of the test
+        module.main(module.parse_args([*flags.split(), CPU]))
+
+    proc = run_in_process(name, call, tmp_path)
+    assert_one_error_line(name, proc, r"^\S+ error: the network.* needs .* GiB .* 8 GiB of memory free; lower ")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", sorted(OVERSIZED))
+def test_the_network_reckoning_is_within_a_tenth_of_what_a_run_allocates(name, tmp_path):
+    """A run of a size that fits: the parameters, gradients and optimiser states its networks hold at the end of main,
+    against what storage() reckoned for them."""
+    flags, size_flag, size = OVERSIZED[name]
+    flags = flags.split()
+    flags[flags.index(size_flag) + 1] = size
+    flags = [*flags, CPU, "--total-timesteps", "512", "--num-steps", "64"] if name == "ppo" else [*flags, CPU]
+    reckoned, held = reckoned_networks(name, flags), {}
+
+    def call(module):
+        def profile(frame, event, _arg):
+            if event == "return" and frame.f_code is module.main.__code__:
+                held.update(frame.f_locals)
+
+        sys.setprofile(profile)
+        try:
+            module.main(module.parse_args(flags))
+        finally:
+            sys.setprofile(None)
+
+    proc = run_in_process(name, call, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    allocated = allocated_networks(held)
+    assert allocated > 0 and abs(reckoned - allocated) <= 0.1 * allocated, (reckoned, allocated)
