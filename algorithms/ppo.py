@@ -89,7 +89,8 @@ class Args:
 
     # --- algorithm ---
     total_timesteps: int = 500_000
-    """total env steps over all envs"""
+    """total env steps over all envs; raised beside --resume, it extends a finished or stopped run, and the annealed
+    learning rate follows the new total from there (as if the run had been started with it)"""
     learning_rate: float = 2.5e-4
     """Adam learning rate"""
     num_envs: int = 4
@@ -913,6 +914,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     if args.capture_video and not can_render(args.env_id, args.env_backend):
+        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
+            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
 

@@ -141,9 +141,10 @@ def test_a_stopped_torchrun_run_resumes_with_every_process_and_no_step_lost_or_r
     flags = ["--env-id", "CartPole-v1", "--total-timesteps", str(total), "--progress-interval", "0", CPU]
     stop_launch("ppo", flags, tmp_path, r"step (3,072|3,584|[4-9],\d{3})/")
     (run,) = run_dirs(tmp_path)
-    torchrun(
+    proc = torchrun(
         str(ROOT / "algorithms" / "ppo.py"), "--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path
     )
+    assert "cpu (1 thread) in each of 2 processes on 1 machine, each stepping 2 of the 4 envs" in proc.stdout
     steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
     assert steps == list(range(batch, total + 1, batch))
     # a checkpoint of 2 processes, resumed by one: refused in one line
@@ -240,6 +241,9 @@ def test_two_nodes_on_this_machine_train_to_the_end(tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-2000:] for out in outs)
     written = [sorted(p.name for p in (tmp_path / f"node{n}").glob("runs/*")) for n in (0, 1)]
     assert [len(w) for w in written] in ([1, 0], [0, 1])  # the node whose process got rank 0
+    # the start line (process 0's) says that the job is data-parallel, over how many machines, and each one's share
+    start = "ppo.py: training on cpu (1 thread) in each of 2 processes on 2 machines, each stepping 2 of the 4 envs"
+    assert sum(start in out for out in outs) == 1, outs
 
 
 @pytest.mark.learning
