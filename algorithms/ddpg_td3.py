@@ -9,6 +9,7 @@ import inspect
 import io
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -89,7 +90,7 @@ class Args:
 
     # --- algorithm ---
     total_timesteps: int = 1_000_000
-    """total env steps over all envs"""
+    """total env steps over all envs; raised on --resume, it extends a finished or stopped run"""
     learning_rate: float = 3e-4
     """Adam learning rate of the actor and the critics"""
     num_envs: int = 1
@@ -141,7 +142,7 @@ RANGES = dict(
     gamma="[0, 1]",
     tau="(0, 1]",
     batch_size="[1, inf)",
-    hidden_size="[1, inf)",
+    hidden_size="[1, 65536]",
     exploration_noise="[0, inf)",
     learning_starts="[0, inf)",
     policy_frequency="[1, inf)",
@@ -318,8 +319,9 @@ class Actor(nn.Module):
             nn.Linear(hidden, action_dim),
             nn.Tanh(),
         )
-        low = torch.as_tensor(action_space.low, dtype=torch.float32)
-        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        # on the host even where the layers are built on another device (storage's meta device): bounds has numpy copies
+        low = torch.as_tensor(action_space.low, dtype=torch.float32, device="cpu")
+        high = torch.as_tensor(action_space.high, dtype=torch.float32, device="cpu")
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
         self.register_buffer("action_scale", (high - low) / 2.0)
@@ -490,20 +492,28 @@ def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None =
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): the replay buffer on the
-    training device (ReplayBuffer: float32 observation, action, reward, next observation and termination per slot),
-    one batch through the actor and the critics, twice (the target and the loss; float32 input and activations, with a
-    fifth more for their gradients, as ppo.py measured on Breakout) and the env pool."""
-    obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
-    with torch.random.fork_rng():  # throwaway networks: the run's seeded generators stay as they are
-        actor = Actor(obs_dim, action_space, args.hidden_size)
-        critic = Critics(obs_dim, action_dim, args.hidden_size, 2 if args.twin_critics else 1)
-    activations = forward_floats(actor, actor, torch.zeros(1, obs_dim))
-    activations += forward_floats(critic, lambda x: critic(x, torch.zeros(1, action_dim)), torch.zeros(1, obs_dim))
+    """What the run will store, reckoned before anything is allocated (check_storage): the actor and the critics with
+    their gradients and Adam's moments, and their target networks, on the training device; the replay buffer there too
+    (ReplayBuffer: float32 observation, action, reward, next observation and termination per slot); one batch through
+    the actor and the critics, twice (the target and the loss; float32 input and activations, with a fifth more for
+    their gradients, as ppo.py measured on Breakout); the env pool."""
+    obs_dim, action_dim, H = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)), args.hidden_size
+    num_critics = 2 if args.twin_critics else 1
+    build_actor = lambda: Actor(obs_dim, action_space, H)  # noqa: E731
+    build_critics = lambda: Critics(obs_dim, action_dim, H, num_critics)  # noqa: E731
+    with torch.random.fork_rng(), torch.device("meta"):  # shapes only: nothing allocated, no random number drawn
+        actor, critic = build_actor(), build_critics()
+        activations = forward_floats(actor, actor.network, torch.zeros(1, obs_dim))  # the layers: bounds stay on the host
+        activations += forward_floats(critic, lambda x: critic(x, torch.zeros(1, action_dim)), torch.zeros(1, obs_dim))
+    critics, their = ("the twin critics", "their") if args.twin_critics else ("the critic", "its")
     return {
+        f"the actor (--hidden-size {H}), its gradients and Adam's moments, and its target network": (
+            network_bytes(build_actor) + network_bytes(build_actor, trained=False), device, "lower --hidden-size"),
+        f"{critics} (--hidden-size {H}), {their} gradients and Adam's moments, and {their} target networks": (
+            network_bytes(build_critics) + network_bytes(build_critics, trained=False), device, "lower --hidden-size"),
         f"the replay buffer (--buffer-size {args.buffer_size} of {obs_dim}-dim observations)": (
             args.buffer_size * 4 * (2 * obs_dim + action_dim + 2), device, "lower --buffer-size"),
-        f"a batch (--batch-size {args.batch_size}, --hidden-size {args.hidden_size})": (
+        f"a batch (--batch-size {args.batch_size}, --hidden-size {H})": (
             int(args.batch_size * 2 * 4 * (2 * obs_dim + action_dim + 1.2 * activations)), device,
             "lower --batch-size or --hidden-size"),
         f"the env pool (--num-envs {args.num_envs})": (
@@ -527,6 +537,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"ddpg_td3.py scales the actor's tanh output to the action bounds; {args.env_id} has unbounded {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"ddpg_td3.py needs a vector observation; {args.env_id} has {obs_space}")
+    evaluates = args.eval_every > 0 or args.save_model
+    refuse_meaningless(args, [
+        # --algo ddpg switches smoothing off; --twin-critics and --target-policy-smoothing given with it switch theirs on
+        (("policy_noise", "noise_clip"), not args.target_policy_smoothing,
+         "shapes TD3's target policy smoothing, and this run has none (--algo ddpg or --no-target-policy-smoothing)"),
+        (("eval_episodes", "capture_video"), not evaluates,
+         "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
+        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
+         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+    ])  # fmt: skip
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}; raise it")
     if args.buffer_size < args.batch_size:
@@ -542,6 +562,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     if args.capture_video and not can_render(args.env_id):
+        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
+            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
 
@@ -733,10 +755,28 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))
         raise
+    args.typed = typed_flags(argv)  # not a field: neither saved in checkpoints nor shown as a hyperparameter
     check_ranges(args)
-    args = resumed_args(args, argv) if args.resume else args
+    args = resumed_args(args) if args.resume else args
     check_video_writer(args)
     return args
+
+
+def typed_flags(argv: list[str]) -> frozenset[str]:
+    """The fields of Args whose flags are on the command line ('--name v', '--name=v', '--no-name' for a boolean), dashes
+    or underscores: what the user asked for, as against a default. check_args refuses the ones a run would ignore."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return frozenset(n for n in names if n in fields) | frozenset(n[3:] for n in names if n[:3] == "no_" and n[3:] in fields)
+
+
+def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
+    """Each rule is (flags, whether this run makes them meaningless, why): a flag of a rule that holds, typed on the
+    command line with whatever value (its default included), is refused in one line, rather than silently ignored."""
+    for names, holds, why in rules:
+        typed = [name for name in names if holds and name in getattr(args, "typed", ())]
+        if typed:
+            fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
 
 
 def one_line_help(cls: type) -> None:
@@ -746,8 +786,10 @@ def one_line_help(cls: type) -> None:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            name = field.target.id
-            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
+            name, text = field.target.id, " ".join(doc.value.value.split())
+            if name in RANGES and not RANGES[name].endswith("inf)"):  # a size flag's upper end, and the like
+                text += f" (range {RANGES[name]})"
+            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=text)]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -800,16 +842,45 @@ def check_video_writer(args: Args) -> None:
         )
 
 
-def resumed_args(args: Args, argv: list[str]) -> Args:
-    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
-    saved = load_checkpoint(args.resume, args.env_id)["args"]
-    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
-    fields = [f.name for f in dataclasses.fields(Args)]
-    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
-    if ignored:
-        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
-    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
+# that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
+# stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
+# from the step the run resumes at, as if the run had been started with it.
+RESUMABLE = (
+    "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
+    "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
+    "cuda",
+)  # fmt: skip
+
+
+def resumed_args(args: Args) -> Args:
+    """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
+    other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
+    state = load_checkpoint(args.resume, args.env_id)
+    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
+    changes = {}
+    for name in sorted(args.typed - {"resume"}, key=fields.index):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if name not in saved or value == saved[name]:
+            continue
+        if name not in RESUMABLE:
+            fail(
+                f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
+                f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            )
+        # a length that ends where the checkpoint is, or before: the resumed run would stop at once
+        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
+        if reached and value <= state.get(reached[1], -1):
+            fail(
+                f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
+                f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
+            )
+        changes[name] = value
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+    resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
+    resumed.typed = args.typed
+    return resumed
 
 
 def new_run_name(args: Args) -> str:
@@ -838,11 +909,15 @@ def seed_and_device(args: Args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
-def say_device(device: torch.device) -> None:
-    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+def say_device(device: torch.device, share: str = "") -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU); under torchrun, how many
+    processes on how many machines train together, and what each one steps (`share`, said by the algorithm)."""
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
 
 
 def memory_free(device: torch.device) -> int:
@@ -888,6 +963,14 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     return sum(counts)
 
 
+def network_bytes(build, trained: bool = True) -> int:
+    """Bytes of the network that build() makes, built on PyTorch's meta device (shapes only: nothing allocated, no
+    random number drawn): its float32 parameters and, for a trained network, their gradients and Adam's two moments."""
+    with torch.random.fork_rng(), torch.device("meta"):
+        model = build()
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
+
+
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
     """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
     store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
@@ -928,7 +1011,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     checkpoint, so that no step of the curve repeats."""
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
 
@@ -1003,15 +1086,32 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     os.replace(f"{path}.tmp", path)
 
 
+# The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
+# allowed by name to PyTorch's safe unpickler: an array's and a scalar's rebuilding functions, and the array's dtypes
+NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
+NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
+NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
+
+
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     """A checkpoint of this script and env, or one line that says what the file is instead."""
     what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
     if not os.path.isfile(path):
         fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
     try:
-        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        # weights_only: PyTorch's safe unpickler, which builds tensors, plain Python values and the numpy types named in
+        # NUMPY_TYPES (RNG states, host statistics) and refuses anything else before it runs; mmap: a large checkpoint
+        # (a saved replay buffer) is paged in as it is used, not read whole first
+        with torch.serialization.safe_globals(NUMPY_TYPES):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
+        if "WeightsUnpickler" in str(e):
+            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
+            kind = found and (found.group(1) or found.group(2))
+            fail(
+                f"'{path}' holds {kind or 'objects'} beside tensors and plain values, which no checkpoint holds, so it "
+                f"was not read (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust"
+            )
         fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
     script = state.get("script") if isinstance(state, dict) else None
     if script != SCRIPT:

@@ -9,6 +9,7 @@ import inspect
 import io
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -72,7 +73,7 @@ class Args:
 
     # --- algorithm ---
     num_generations: int = 100
-    """generations (one update of the mean parameters each)"""
+    """generations (one update of the mean parameters each); may be raised on --resume to extend a finished run"""
     population_size: int = 256
     """members per generation over all processes: antithetic pairs, so even (and a multiple of 2 x processes)"""
     sigma: float = 0.02
@@ -82,7 +83,7 @@ class Args:
     l2_coef: float = 0.005
     """L2 weight decay coefficient, added to the (sigma-scaled) ES gradient as in Salimans et al.'s code"""
     hidden_sizes: tuple[int, ...] = (32, 32)
-    """widths of the policy's tanh hidden layers (none: a linear policy)"""
+    """widths of the policy's tanh hidden layers, each in [1, 16384] (none: a linear policy)"""
     norm_obs: bool = True
     """normalise observations with running statistics gathered from the rollouts (clipped to +-5)"""
     max_episode_steps: int = 0
@@ -100,7 +101,7 @@ class Args:
 CHECKPOINT_FORMAT = 1
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-# (hidden_sizes, a tuple, is checked in check_args)
+# (hidden_sizes, a tuple, is checked in check_args against MAX_WIDTH)
 RANGES = dict(
     seed="[0, 1e9]",
     eval_every="[0, inf)",
@@ -108,12 +109,13 @@ RANGES = dict(
     checkpoint_every="[0, inf)",
     progress_interval="[0, inf)",
     num_generations="[1, inf)",
-    population_size="[2, inf)",
+    population_size="[2, 1e6]",
     sigma="(0, inf)",
     learning_rate="(0, inf)",
     l2_coef="[0, inf)",
     max_episode_steps="[0, inf)",
 )
+MAX_WIDTH = 16384  # a hidden layer's widest: far beyond the 64 to 256 units of Salimans et al.'s policies
 
 # A preset only changes defaults: any flag given on the command line wins. The mujoco preset is the Humanoid
 # configuration of Salimans et al.'s code (evolution-strategies-starter, configurations/humanoid.json); their
@@ -450,14 +452,21 @@ def evaluate(policy: Policy, obs_rms: RunningMeanStd | None, args: Args, device:
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): on the training device, a
-    generation's float32 noise (one row per antithetic pair of the whole population) and this process's members'
-    parameters twice (flat, and as layers stacked for baddbmm); the env pool of this process's members."""
+    """What the run will store, reckoned before anything is allocated (check_storage): on the training device, the
+    network's mean parameters theta with their gradient and Adam's two moments, the ES gradient, and the policy module's
+    own parameters until the first evaluation or checkpoint makes them views of theta (the reloaded policy's after
+    training); a generation's float32 noise (one row per antithetic pair of the whole population) and this process's
+    members' parameters twice (flat, and as layers stacked for baddbmm); the env pool of this process's members."""
     members = args.population_size // args.world_size
     n_out = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
-    with torch.random.fork_rng():  # a throwaway policy: the run's seeded generators stay as they are
-        dim = sum(p.numel() for p in Policy(obs_space.shape[0], n_out, args.hidden_sizes).parameters())
+    one = network_bytes(lambda: Policy(obs_space.shape[0], n_out, args.hidden_sizes), trained=False)
+    dim, layers = one // 4, args.hidden_sizes
+    sizes = " ".join(map(str, layers)) if len(layers) <= 4 else f"of {len(layers)} layers, up to {max(layers)} wide"
+    network = f"the network (--hidden-sizes {sizes or '(none)'}, {dim:,} parameters: theta, its gradient and Adam's moments"
     return {
+        f"{network}, the ES gradient, the policy)": (
+            network_bytes(lambda: Policy(obs_space.shape[0], n_out, args.hidden_sizes)) + 2 * one, device,
+            "lower --hidden-sizes"),
         f"the population (--population-size {args.population_size} x {dim:,} parameters)": (
             4 * dim * (args.population_size // 2 + 2 * members), device,
             "lower --population-size or --hidden-sizes, or spread the population over more processes with torchrun"),
@@ -475,9 +484,17 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"es.py scales tanh to the action bounds, and {args.env_id}'s are not finite; pick an env with bounded actions")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"es.py needs a vector observation, and {args.env_id} has {obs_space}; pick an env with Box(n,) observations")
+    refuse_meaningless(args, [
+        (("preset",), {"num_generations", "hidden_sizes"} <= getattr(args, "typed", frozenset()),
+         "only sets the defaults of --num-generations and --hidden-sizes, and both are given"),
+        (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
+         "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
+    ])  # fmt: skip
+    sizes = " ".join(map(str, args.hidden_sizes))
     if any(width < 1 for width in args.hidden_sizes):
-        sizes = " ".join(map(str, args.hidden_sizes))
         fail(f"--hidden-sizes {sizes} has a width below 1; pass positive widths, e.g. --hidden-sizes 32 32")
+    if any(width > MAX_WIDTH for width in args.hidden_sizes):
+        fail(f"--hidden-sizes {sizes} has a width above {MAX_WIDTH}; pass widths of at most {MAX_WIDTH}")
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     pair_split = 2 * args.world_size
     if args.population_size % pair_split:
@@ -490,6 +507,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
     # only process 0 evaluates, so only it needs to know
     if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):
+        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
+            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
         args.capture_video = False
 
@@ -603,7 +622,7 @@ def main(args: Args) -> None:
     # only process 0 writes logs, checkpoints and models
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
-        say_device(device)
+        say_device(device, f"playing {args.population_size // args.world_size} of the {args.population_size} members")
         if note:
             print(note, flush=True)
 
@@ -752,10 +771,28 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))
         raise
+    args.typed = typed_flags(argv)  # not a field: neither saved in checkpoints nor shown as a hyperparameter
     check_ranges(args)
-    args = resumed_args(args, argv) if args.resume else args
+    args = resumed_args(args) if args.resume else args
     check_video_writer(args)
     return args
+
+
+def typed_flags(argv: list[str]) -> frozenset[str]:
+    """The fields of Args whose flags are on the command line ('--name v', '--name=v', '--no-name' for a boolean), dashes
+    or underscores: what the user asked for, as against a default. check_args refuses the ones a run would ignore."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return frozenset(n for n in names if n in fields) | frozenset(n[3:] for n in names if n[:3] == "no_" and n[3:] in fields)
+
+
+def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
+    """Each rule is (flags, whether this run makes them meaningless, why): a flag of a rule that holds, typed on the
+    command line with whatever value (its default included), is refused in one line, rather than silently ignored."""
+    for names, holds, why in rules:
+        typed = [name for name in names if holds and name in getattr(args, "typed", ())]
+        if typed:
+            fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
 
 
 def one_line_help(cls: type) -> None:
@@ -765,8 +802,10 @@ def one_line_help(cls: type) -> None:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            name = field.target.id
-            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
+            name, text = field.target.id, " ".join(doc.value.value.split())
+            if name in RANGES and not RANGES[name].endswith("inf)"):  # a size flag's upper end, and the like
+                text += f" (range {RANGES[name]})"
+            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=text)]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -819,16 +858,45 @@ def check_video_writer(args: Args) -> None:
         )
 
 
-def resumed_args(args: Args, argv: list[str]) -> Args:
-    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
-    saved = load_checkpoint(args.resume, args.env_id)["args"]
-    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
-    fields = [f.name for f in dataclasses.fields(Args)]
-    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
-    if ignored:
-        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
-    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
+# that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
+# stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
+# from the step the run resumes at, as if the run had been started with it.
+RESUMABLE = (
+    "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
+    "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
+    "cuda",
+)  # fmt: skip
+
+
+def resumed_args(args: Args) -> Args:
+    """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
+    other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
+    state = load_checkpoint(args.resume, args.env_id)
+    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
+    changes = {}
+    for name in sorted(args.typed - {"resume"}, key=fields.index):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if name not in saved or value == saved[name]:
+            continue
+        if name not in RESUMABLE:
+            fail(
+                f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
+                f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            )
+        # a length that ends where the checkpoint is, or before: the resumed run would stop at once
+        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
+        if reached and value <= state.get(reached[1], -1):
+            fail(
+                f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
+                f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
+            )
+        changes[name] = value
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+    resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
+    resumed.typed = args.typed
+    return resumed
 
 
 def new_run_name(args: Args) -> str:
@@ -857,11 +925,15 @@ def seed_and_device(args: Args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
-def say_device(device: torch.device) -> None:
-    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+def say_device(device: torch.device, share: str = "") -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU); under torchrun, how many
+    processes on how many machines train together, and what each one steps (`share`, said by the algorithm)."""
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
 
 
 def memory_free(device: torch.device) -> int:
@@ -907,6 +979,14 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     return sum(counts)
 
 
+def network_bytes(build, trained: bool = True) -> int:
+    """Bytes of the network that build() makes, built on PyTorch's meta device (shapes only: nothing allocated, no
+    random number drawn): its float32 parameters and, for a trained network, their gradients and Adam's two moments."""
+    with torch.random.fork_rng(), torch.device("meta"):
+        model = build()
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
+
+
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
     """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
     store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
@@ -947,7 +1027,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     checkpoint, so that no step of the curve repeats."""
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
 
@@ -1022,15 +1102,32 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     os.replace(f"{path}.tmp", path)
 
 
+# The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
+# allowed by name to PyTorch's safe unpickler: an array's and a scalar's rebuilding functions, and the array's dtypes
+NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
+NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
+NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
+
+
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     """A checkpoint of this script and env, or one line that says what the file is instead."""
     what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
     if not os.path.isfile(path):
         fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
     try:
-        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        # weights_only: PyTorch's safe unpickler, which builds tensors, plain Python values and the numpy types named in
+        # NUMPY_TYPES (RNG states, host statistics) and refuses anything else before it runs; mmap: a large checkpoint
+        # (a saved replay buffer) is paged in as it is used, not read whole first
+        with torch.serialization.safe_globals(NUMPY_TYPES):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
+        if "WeightsUnpickler" in str(e):
+            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
+            kind = found and (found.group(1) or found.group(2))
+            fail(
+                f"'{path}' holds {kind or 'objects'} beside tensors and plain values, which no checkpoint holds, so it "
+                f"was not read (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust"
+            )
         fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
     script = state.get("script") if isinstance(state, dict) else None
     if script != SCRIPT:

@@ -9,6 +9,7 @@ import inspect
 import io
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -78,7 +79,8 @@ class Args:
     """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps, at the end of a policy iteration (0: only on Ctrl-C /
-    SIGTERM); mid-phase it also writes the phase's frames so far beside it (up to the phase buffer's size on disk)"""
+    SIGTERM); mid-phase it also writes the phase's frames so far beside it (up to the phase buffer's size on disk), and
+    at the run's last iteration keeps them after the run, for a longer --total-timesteps to go on with"""
     resume: str = ""
     """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
@@ -90,7 +92,7 @@ class Args:
     features reach the value head with the gradient stopped (the reference's 'detach', CleanRL's ppg_procgen.py), half
     the compute of dual"""
     total_timesteps: int = 25_000_000
-    """total env steps over all envs"""
+    """total env steps over all envs; may be raised on --resume to extend a run (--anneal-lr then follows the new total)"""
     learning_rate: float = 5e-4
     """Adam learning rate of the policy phase"""
     num_envs: int = 64
@@ -663,12 +665,13 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): the phase on the training device
-    (N_pi rollouts of uint8 frames, their returns and valid flags, and the old policy's logits the auxiliary phase
-    computes over all of it), the rollout's actions and six float32 (T, N) tensors, one chunk through the network (its
-    float32 input and activations, with a fifth more for their gradients, as ppo.py measured on Breakout) and the env
-    pool. Under torchrun, those of one process (its share of the envs), times the processes that share this node's
-    memory when they run on its CPU."""
+    """What the run will store, reckoned before anything is allocated (check_storage), on the training device: the
+    networks with their gradients and each phase's Adam's moments; the phase (N_pi rollouts of uint8 frames, their
+    returns and valid flags, and the old policy's logits the auxiliary phase computes over all of it), the rollout's
+    actions and six float32 (T, N) tensors; one chunk through the network (its float32 input and activations, with a
+    fifth more for their gradients, as ppo.py measured on Breakout); an auxiliary minibatch's rollouts, gathered from
+    the phase. In host memory, the env pool. Under torchrun, those of one process (its share of the envs), times the
+    processes that share this node's memory when they run on its CPU."""
     slots, T, N, shape = (
         (args.n_pi if args.e_aux > 0 else 1),
         args.num_steps,
@@ -678,11 +681,18 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # they share the node's RAM (and device, on the CPU)
     sharing = local_processes if device.type == "cpu" else 1
     obs_size, num_actions = int(np.prod(obs_space.shape)), int(action_space.n)
-    with torch.random.fork_rng():  # a throwaway agent: the run's seeded generators stay as they are
+    with torch.random.fork_rng(), torch.device("meta"):  # shapes only: nothing allocated, no random number drawn
         agent = Agent(obs_space, action_space, args.arch)
-    activations = forward_floats(agent, agent, torch.zeros((1,) + obs_space.shape, dtype=torch.uint8))
+        activations = forward_floats(agent, agent, torch.zeros((1,) + obs_space.shape, dtype=torch.uint8))
     per_step = obs_size + 2 * 4 + (4 * num_actions if args.e_aux > 0 else 0)
-    return {
+    # the auxiliary phase's Adam keeps two more moments per parameter, from its first step
+    networks = network_bytes(lambda: Agent(obs_space, action_space, args.arch))
+    networks += 2 * network_bytes(lambda: Agent(obs_space, action_space, args.arch), trained=False) if args.e_aux > 0 else 0
+    adams = "the two Adams' moments" if args.e_aux > 0 else "Adam's moments"
+    stores = {
+        f"the networks (--arch {args.arch}), their gradients and {adams}": (
+            sharing * networks, device,
+            "pass --arch detach (one CNN)" if args.arch == "dual" else "free memory: no flag makes the networks smaller"),
         f"the phase ({slots} rollouts of --num-envs {N} x --num-steps {T} steps of {shape} frames)": (
             sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device,
             "pass --preset small (N_pi 8), or a smaller --n-pi, --num-envs or --num-steps"),
@@ -692,11 +702,29 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
             local_processes * env_pool_bytes(args.env_id, N), torch.device("cpu"),
             "lower --num-envs"),
     }  # fmt: skip
+    if args.e_aux > 0:  # its frames, old logits, returns and valid flags, gathered from the phase
+        name = f"an auxiliary minibatch (--aux-rollouts {args.aux_rollouts} rollouts of --num-steps {T} frames)"
+        rollouts = args.aux_rollouts // args.world_size
+        stores[name] = (sharing * rollouts * T * (obs_size + 4 * num_actions + 2 * 4), device, "lower --aux-rollouts")
+    return stores
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: flags that only make sense together, and the phase buffer's memory."""
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+    evaluates = args.eval_every > 0 or args.save_model
+    refuse_meaningless(args, [
+        # measured with envpool 1.2: with unlimited levels, --start-level leaves every level as it was
+        (("start_level",), args.num_levels == 0,
+         "is the first level of a fixed set, and this run's levels are unlimited (--num-levels 0)"),
+        (("n_pi", "preset", "aux_learning_rate", "aux_rollouts", "beta_clone", "vf_true_weight"), args.e_aux == 0,
+         "is for the auxiliary phase, and this run has none (--e-aux 0)"),
+        (("preset",), "n_pi" in getattr(args, "typed", ()), "only sets the default of --n-pi, and --n-pi is given"),
+        (("eval_episodes", "eval_deterministic", "capture_video"), not evaluates,
+         "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
+        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
+         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+    ])  # fmt: skip
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):  # a checkpoint's
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -782,9 +810,12 @@ def write_checkpoint(
 ):
     """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped), written
     by process 0. While an auxiliary phase is still to come, every process's frames of the phase so far go beside it
-    (save_phase). It holds one entry per process of the phase, the auxiliary phase's state and the RNG states."""
+    (save_phase), and at the run's last iteration those a longer run would train on. It holds one entry per process of
+    the phase, the auxiliary phase's state and the RNG states."""
     filled = (iteration - 1) % phase["obs"].shape[0] + 1
-    needed = args.e_aux > 0 and iteration < args.num_iterations and (filled < args.n_pi or aux_state is not None)
+    # the frames an auxiliary phase is still to train on: a phase not yet whole, or one whose auxiliary phase has begun,
+    # or, at the run's last iteration, was skipped (restore_ppg runs it when a longer --total-timesteps extends the run)
+    needed = args.e_aux > 0 and (filled < args.n_pi or aux_state is not None or iteration >= args.num_iterations)
     saved_phase = save_phase(run_dir, iteration, rank, phase, filled) if needed else None
     aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
     # gathered once every process has written its frames, so the checkpoint names only whole files
@@ -818,6 +849,12 @@ def restore_ppg(ckpt, agent, optimizer, aux_optimizer, return_rms, phase, rank: 
         load_phase(run_dir, ckpt["phase"][rank], phase)
     restore_rng(rng, device)
     aux_state = ckpt["aux"][rank] if ckpt["aux"] else None
+    saved = ckpt["phase"][rank]
+    if aux_state is None and saved and saved["filled"] == args.n_pi and ckpt["iteration"] < args.num_iterations:
+        # the run ended with a whole phase, whose auxiliary phase its last iteration skipped (as the reference's loop
+        # does); extended by a longer --total-timesteps, it comes first, as in a run started with that total
+        old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
+        aux_state = dict(epoch=0, done=0, phase=ckpt["iteration"] // args.n_pi, old_logits=old_logits)
     if rank == 0:
         print(f"resumed {run_dir} at step {ckpt['global_step']:,}" + (" in an auxiliary phase" if aux_state else ""))
     return ckpt["global_step"], ckpt["iteration"] + 1, aux_state
@@ -1010,7 +1047,7 @@ def main(args: Args) -> None:
     run_name = gather_objects(ckpt["run_name"] if ckpt else new_run_name(args), args.world_size)[0]
     run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
     if rank == 0:
-        say_device(device)
+        say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
 
@@ -1139,7 +1176,8 @@ def main(args: Args) -> None:
 
     # --- final model (process 0): saved, reloaded from disk, evaluated ---
     envs.close()
-    remove_old_phases(run_dir, rank, None)  # frames kept for a resume are not needed once the run is over
+    # frames an earlier checkpoint named go; those of a checkpoint at the last iteration stay, to extend the run
+    remove_old_phases(run_dir, rank, f"phase_{args.num_iterations}_process{rank}.u8")
     end_processes(args.world_size)
     if rank != 0:
         leave(args.world_size)
@@ -1178,10 +1216,28 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))
         raise
+    args.typed = typed_flags(argv)  # not a field: neither saved in checkpoints nor shown as a hyperparameter
     check_ranges(args)
-    args = resumed_args(args, argv) if args.resume else args
+    args = resumed_args(args) if args.resume else args
     check_video_writer(args)
     return args
+
+
+def typed_flags(argv: list[str]) -> frozenset[str]:
+    """The fields of Args whose flags are on the command line ('--name v', '--name=v', '--no-name' for a boolean), dashes
+    or underscores: what the user asked for, as against a default. check_args refuses the ones a run would ignore."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return frozenset(n for n in names if n in fields) | frozenset(n[3:] for n in names if n[:3] == "no_" and n[3:] in fields)
+
+
+def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
+    """Each rule is (flags, whether this run makes them meaningless, why): a flag of a rule that holds, typed on the
+    command line with whatever value (its default included), is refused in one line, rather than silently ignored."""
+    for names, holds, why in rules:
+        typed = [name for name in names if holds and name in getattr(args, "typed", ())]
+        if typed:
+            fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
 
 
 def one_line_help(cls: type) -> None:
@@ -1191,8 +1247,10 @@ def one_line_help(cls: type) -> None:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            name = field.target.id
-            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
+            name, text = field.target.id, " ".join(doc.value.value.split())
+            if name in RANGES and not RANGES[name].endswith("inf)"):  # a size flag's upper end, and the like
+                text += f" (range {RANGES[name]})"
+            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=text)]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -1245,16 +1303,45 @@ def check_video_writer(args: Args) -> None:
         )
 
 
-def resumed_args(args: Args, argv: list[str]) -> Args:
-    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
-    saved = load_checkpoint(args.resume, args.env_id)["args"]
-    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
-    fields = [f.name for f in dataclasses.fields(Args)]
-    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
-    if ignored:
-        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
-    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
+# that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
+# stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
+# from the step the run resumes at, as if the run had been started with it.
+RESUMABLE = (
+    "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
+    "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
+    "cuda",
+)  # fmt: skip
+
+
+def resumed_args(args: Args) -> Args:
+    """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
+    other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
+    state = load_checkpoint(args.resume, args.env_id)
+    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
+    changes = {}
+    for name in sorted(args.typed - {"resume"}, key=fields.index):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if name not in saved or value == saved[name]:
+            continue
+        if name not in RESUMABLE:
+            fail(
+                f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
+                f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            )
+        # a length that ends where the checkpoint is, or before: the resumed run would stop at once
+        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
+        if reached and value <= state.get(reached[1], -1):
+            fail(
+                f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
+                f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
+            )
+        changes[name] = value
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+    resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
+    resumed.typed = args.typed
+    return resumed
 
 
 def new_run_name(args: Args) -> str:
@@ -1283,11 +1370,15 @@ def seed_and_device(args: Args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
-def say_device(device: torch.device) -> None:
-    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+def say_device(device: torch.device, share: str = "") -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU); under torchrun, how many
+    processes on how many machines train together, and what each one steps (`share`, said by the algorithm)."""
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
 
 
 def memory_free(device: torch.device) -> int:
@@ -1333,6 +1424,14 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     return sum(counts)
 
 
+def network_bytes(build, trained: bool = True) -> int:
+    """Bytes of the network that build() makes, built on PyTorch's meta device (shapes only: nothing allocated, no
+    random number drawn): its float32 parameters and, for a trained network, their gradients and Adam's two moments."""
+    with torch.random.fork_rng(), torch.device("meta"):
+        model = build()
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
+
+
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
     """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
     store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
@@ -1373,7 +1472,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     checkpoint, so that no step of the curve repeats."""
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
 
@@ -1448,15 +1547,32 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     os.replace(f"{path}.tmp", path)
 
 
+# The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
+# allowed by name to PyTorch's safe unpickler: an array's and a scalar's rebuilding functions, and the array's dtypes
+NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
+NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
+NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
+
+
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     """A checkpoint of this script and env, or one line that says what the file is instead."""
     what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
     if not os.path.isfile(path):
         fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
     try:
-        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        # weights_only: PyTorch's safe unpickler, which builds tensors, plain Python values and the numpy types named in
+        # NUMPY_TYPES (RNG states, host statistics) and refuses anything else before it runs; mmap: a large checkpoint
+        # (a saved replay buffer) is paged in as it is used, not read whole first
+        with torch.serialization.safe_globals(NUMPY_TYPES):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
+        if "WeightsUnpickler" in str(e):
+            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
+            kind = found and (found.group(1) or found.group(2))
+            fail(
+                f"'{path}' holds {kind or 'objects'} beside tensors and plain values, which no checkpoint holds, so it "
+                f"was not read (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust"
+            )
         fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
     script = state.get("script") if isinstance(state, dict) else None
     if script != SCRIPT:

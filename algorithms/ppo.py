@@ -1359,8 +1359,8 @@ RESUMABLE = (
 def resumed_args(args: Args) -> Args:
     """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
     other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
-    saved = load_checkpoint(args.resume, args.env_id)["args"]
-    fields = [f.name for f in dataclasses.fields(Args)]
+    state = load_checkpoint(args.resume, args.env_id)
+    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
     changes = {}
     for name in sorted(args.typed - {"resume"}, key=fields.index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
@@ -1370,6 +1370,13 @@ def resumed_args(args: Args) -> Args:
             fail(
                 f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
                 f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            )
+        # a length that ends where the checkpoint is, or before: the resumed run would stop at once
+        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
+        if reached and value <= state.get(reached[1], -1):
+            fail(
+                f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
+                f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
             )
         changes[name] = value
         if os.environ.get("RANK", "0") == "0":

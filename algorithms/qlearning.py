@@ -9,6 +9,7 @@ import inspect
 import io
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -65,7 +66,8 @@ class Args:
 
     # --- algorithm ---
     total_timesteps: int = 300_000
-    """total env steps over all envs"""
+    """total env steps over all envs; raised on --resume, it extends a finished or stopped run (epsilon's and the step
+    size's schedules then follow the new total from the step the run resumes at)"""
     num_envs: int = 64
     """parallel envs; each vector step updates the table once with all of their transitions"""
     gamma: float = 0.99
@@ -121,7 +123,7 @@ RANGES = dict(
     end_e="[0, 1]",
     exploration_fraction="[0, 1]",
     max_episode_steps="[0, inf)",
-    bins="[1, inf)",
+    bins="[1, 1000000]",
     optimum_tolerance="[0, inf)",
 )
 
@@ -358,6 +360,22 @@ def greedy_actions(q: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 # Exact evaluation from gymnasium's transition table (toy text)
 # ---------------------------------------------------------------------------------------------------------------
+def table_env(env_id: str):
+    """gymnasium's env of env_id, unwrapped, where it has a transition table (env.unwrapped.P over Discrete states:
+    toy text); None elsewhere."""
+    try:
+        env = gym.make(GYMNASIUM_IDS.get(env_id, env_id)).unwrapped
+    except gym.error.Error:
+        return None
+    return env if hasattr(env, "P") and isinstance(env.observation_space, gym.spaces.Discrete) else None
+
+
+def episode_horizon(env_id: str, max_episode_steps: int) -> int | None:
+    """The steps an episode lasts at most, the exact evaluation's horizon: the env's limit or --max-episode-steps,
+    whichever is shorter; None where neither is set."""
+    return min([h for h in (env_time_limit(env_id), max_episode_steps) if h], default=None)
+
+
 def transition_tables(env_id: str):
     """(P[s, a, s'], expected reward R[s, a], terminal mass T[s, a, s'], start distribution) from gymnasium's
     env.unwrapped.P, or None where the env has none.
@@ -369,12 +387,8 @@ def transition_tables(env_id: str):
     gymnasium's 300 start states, the published figure; over envpool's 400, which training and the sampled evaluation
     start from, the optimum is 9.555. tests/test_qlearning.py checks this against envpool's resets.
     """
-    name = GYMNASIUM_IDS.get(env_id, env_id)
-    try:
-        env = gym.make(name).unwrapped
-    except gym.error.Error:
-        return None
-    if not hasattr(env, "P") or not isinstance(env.observation_space, gym.spaces.Discrete):
+    env = table_env(env_id)
+    if env is None:
         return None
     num_states, num_actions = env.observation_space.n, env.action_space.n
     P, T = np.zeros((num_states, num_actions, num_states)), np.zeros((num_states, num_actions, num_states))
@@ -542,6 +556,21 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
     if isinstance(obs_space, gym.spaces.Discrete) and (args.obs_low is not None or args.obs_high is not None):
         fail(f"--obs-low and --obs-high bound the grid over Box observations, and {env_id}'s are Discrete; leave them out")
     grid = make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
+    evaluates = args.eval_every > 0 or args.save_model
+    # main's exact optimum needs a row per state, gymnasium's transition table and a horizon; looked up only when asked
+    exact = "optimum_tolerance" not in getattr(args, "typed", ()) or bool(
+        not grid.bins and episode_horizon(env_id, args.max_episode_steps) and table_env(env_id) is not None
+    )
+    refuse_meaningless(args, [
+        (("bins", "obs_low", "obs_high"), isinstance(obs_space, gym.spaces.Discrete),
+         f"shapes the grid over Box observations, and {env_id}'s are Discrete (a table row each)"),
+        (("end_learning_rate",), not args.lr_decay,
+         "is where --lr-decay ends, and this run keeps its step size (--no-lr-decay)"),
+        (("eval_episodes",), not evaluates, "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
+        (("optimum_tolerance",), not exact,
+         "is for the exact optimum, which this run does not compute (it needs a toy-text env's transition tables in "
+         "gymnasium, and a time limit or --max-episode-steps)"),
+    ])  # fmt: skip
     args.num_iterations = args.total_timesteps // args.num_envs
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of the {args.num_envs} envs; raise it")
@@ -574,8 +603,7 @@ def main(args: Args) -> None:
 
     # exact evaluation where gymnasium has the transition table (toy text): the optimum and the greedy policy's value,
     # from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)
-    limit = env_time_limit(args.env_id)
-    horizon = min([h for h in (limit, args.max_episode_steps) if h], default=None)
+    horizon = episode_horizon(args.env_id, args.max_episode_steps)
     tables = transition_tables(args.env_id) if not grid.bins and horizon else None
     optimum = exact_return(tables, None, horizon) if tables else None
     if optimum is not None:
@@ -708,10 +736,28 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))
         raise
+    args.typed = typed_flags(argv)  # not a field: neither saved in checkpoints nor shown as a hyperparameter
     check_ranges(args)
-    args = resumed_args(args, argv) if args.resume else args
+    args = resumed_args(args) if args.resume else args
     check_video_writer(args)
     return args
+
+
+def typed_flags(argv: list[str]) -> frozenset[str]:
+    """The fields of Args whose flags are on the command line ('--name v', '--name=v', '--no-name' for a boolean), dashes
+    or underscores: what the user asked for, as against a default. check_args refuses the ones a run would ignore."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    return frozenset(n for n in names if n in fields) | frozenset(n[3:] for n in names if n[:3] == "no_" and n[3:] in fields)
+
+
+def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
+    """Each rule is (flags, whether this run makes them meaningless, why): a flag of a rule that holds, typed on the
+    command line with whatever value (its default included), is refused in one line, rather than silently ignored."""
+    for names, holds, why in rules:
+        typed = [name for name in names if holds and name in getattr(args, "typed", ())]
+        if typed:
+            fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
 
 
 def one_line_help(cls: type) -> None:
@@ -721,8 +767,10 @@ def one_line_help(cls: type) -> None:
     body = ast.parse(inspect.getsource(cls)).body[0].body
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            name = field.target.id
-            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=" ".join(doc.value.value.split()))]
+            name, text = field.target.id, " ".join(doc.value.value.split())
+            if name in RANGES and not RANGES[name].endswith("inf)"):  # a size flag's upper end, and the like
+                text += f" (range {RANGES[name]})"
+            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=text)]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -775,16 +823,45 @@ def check_video_writer(args: Args) -> None:
         )
 
 
-def resumed_args(args: Args, argv: list[str]) -> Args:
-    """--resume goes on with the checkpoint's arguments; flags given beside it that differ are named and ignored."""
-    saved = load_checkpoint(args.resume, args.env_id)["args"]
-    given = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
-    fields = [f.name for f in dataclasses.fields(Args)]
-    ignored = [f"--{k.replace('_', '-')}" for k in fields if k in given and k != "resume" and getattr(args, k) != saved.get(k)]
-    if ignored:
-        print(f"resuming with the checkpoint's arguments; ignoring {', '.join(ignored)} from the command line")
-    return Args(**{**{k: v for k, v in saved.items() if k in fields}, "resume": args.resume})
+# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
+# that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
+# stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
+# from the step the run resumes at, as if the run had been started with it.
+RESUMABLE = (
+    "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
+    "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
+    "cuda",
+)  # fmt: skip
+
+
+def resumed_args(args: Args) -> Args:
+    """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
+    other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
+    state = load_checkpoint(args.resume, args.env_id)
+    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
+    changes = {}
+    for name in sorted(args.typed - {"resume"}, key=fields.index):
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if name not in saved or value == saved[name]:
+            continue
+        if name not in RESUMABLE:
+            fail(
+                f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
+                f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            )
+        # a length that ends where the checkpoint is, or before: the resumed run would stop at once
+        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
+        if reached and value <= state.get(reached[1], -1):
+            fail(
+                f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
+                f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
+            )
+        changes[name] = value
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+    resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
+    resumed.typed = args.typed
+    return resumed
 
 
 def new_run_name(args: Args) -> str:
@@ -813,11 +890,15 @@ def seed_and_device(args: Args) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
 
-def say_device(device: torch.device) -> None:
-    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU)."""
+def say_device(device: torch.device, share: str = "") -> None:
+    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU); under torchrun, how many
+    processes on how many machines train together, and what each one steps (`share`, said by the algorithm)."""
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    print(f"{SCRIPT}: training on {device} ({what}), torch {torch.__version__}", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
 
 
 def memory_free(device: torch.device) -> int:
@@ -863,6 +944,14 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
     return sum(counts)
 
 
+def network_bytes(build, trained: bool = True) -> int:
+    """Bytes of the network that build() makes, built on PyTorch's meta device (shapes only: nothing allocated, no
+    random number drawn): its float32 parameters and, for a trained network, their gradients and Adam's two moments."""
+    with torch.random.fork_rng(), torch.device("meta"):
+        model = build()
+    return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
+
+
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
     """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
     store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
@@ -903,7 +992,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     checkpoint, so that no step of the curve repeats."""
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
 
@@ -978,15 +1067,32 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     os.replace(f"{path}.tmp", path)
 
 
+# The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
+# allowed by name to PyTorch's safe unpickler: an array's and a scalar's rebuilding functions, and the array's dtypes
+NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
+NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
+NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
+
+
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     """A checkpoint of this script and env, or one line that says what the file is instead."""
     what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
     if not os.path.isfile(path):
         fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
     try:
-        # mmap: a large checkpoint (a saved replay buffer) is paged in as it is used, not read whole first
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        # weights_only: PyTorch's safe unpickler, which builds tensors, plain Python values and the numpy types named in
+        # NUMPY_TYPES (RNG states, host statistics) and refuses anything else before it runs; mmap: a large checkpoint
+        # (a saved replay buffer) is paged in as it is used, not read whole first
+        with torch.serialization.safe_globals(NUMPY_TYPES):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
+        if "WeightsUnpickler" in str(e):
+            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
+            kind = found and (found.group(1) or found.group(2))
+            fail(
+                f"'{path}' holds {kind or 'objects'} beside tensors and plain values, which no checkpoint holds, so it "
+                f"was not read (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust"
+            )
         fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
     script = state.get("script") if isinstance(state, dict) else None
     if script != SCRIPT:

@@ -10,6 +10,7 @@ from conftest import (
     assert_one_error_line,
     flat_params,
     load_algorithm,
+    load_file,
     marks,
     only_run,
     run_algorithm,
@@ -266,7 +267,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path):
     # 160 Breakout steps end no game
     expected = TAGS - {"charts/episodic_return", "charts/episodic_length"} if env_id == "Breakout-v5" else TAGS
     assert expected <= set(scalars(run))
-    model = torch.load(run / "a2c.model", weights_only=False)
+    model = load_file(run / "a2c.model")
     assert model["args"]["env_id"] == env_id
     assert (model["obs_rms"] is not None) == (env_id == "Pendulum-v1")  # the mujoco preset normalises observations
     if "--eval-every" in flags:  # two periodic evaluations (their means), then the final one's three episodes
@@ -316,7 +317,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):
     flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--log-interval", str(log_every)]
     stop_run("a2c", *flags, cwd=tmp_path, at=2000)
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert 2000 <= ckpt["global_step"] < total
     assert "square_avg" in ckpt["optimizer"]["state"][0]  # RMSprop's state goes on
     run_algorithm("a2c", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)

@@ -15,6 +15,7 @@ from conftest import (
     assert_one_error_line,
     flat_params,
     load_algorithm,
+    load_file,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -205,7 +206,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path):
     expected = TAGS - {"losses/qf2_loss"} if algo == "ddpg" else TAGS
     assert expected <= set(scalars(run))
     assert ("losses/qf2_loss" in scalars(run)) == (algo == "td3")
-    model = torch.load(run / f"{algo}.model", weights_only=False)
+    model = load_file(run / f"{algo}.model")
     assert model["args"]["env_id"] == env_id and model["args"]["algo"] == algo
     if "--eval-every" in flags:  # two periodic evaluations (their means), then the final one's two episodes
         assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [400, 800, 800, 800]
@@ -268,7 +269,7 @@ def test_compiled_run_logs_repeats_with_its_seed_and_delays_the_actor(tmp_path):
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "500", "--compile", "--checkpoint-every", "500", *TINY]
 
     def read(run):
-        ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+        ckpt = load_file(run / "checkpoint.pt")
         adam_steps = [int(ckpt[k]["state"][0]["step"]) for k in ("q_optimizer", "actor_optimizer")]
         return [values(run, t) for t in tags[1:]], adam_steps, ckpt["critic_updates"], "charts/SPS" in scalars(run)
 
@@ -326,7 +327,7 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
     flags += ["--checkpoint-every", "600", *TINY] + (["--save-buffer"] if save_buffer else [])
     stop_run("ddpg_td3", *flags, cwd=tmp_path, at=800, sig=sig, env=ONE_THREAD)  # between two periodic checkpoints
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert 600 <= ckpt["global_step"] < total
     assert (ckpt["replay_buffer"] is not None) == save_buffer
     if save_buffer:

@@ -13,6 +13,7 @@ from conftest import (
     CPU,
     assert_one_error_line,
     load_algorithm,
+    load_file,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -233,7 +234,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
     # 300 Breakout steps end no game
     expected = TAGS - {"charts/episodic_return", "charts/episodic_length"} if env_id == "Breakout-v5" else TAGS
     assert expected <= set(scalars(run))
-    model = torch.load(run / "dqn.model", weights_only=False)
+    model = load_file(run / "dqn.model")
     assert model["args"]["env_id"] == env_id
     if "--eval-every" in flags:  # two periodic evaluations (their means), then the final one's three episodes
         assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [1000, 2000, 2000, 2000, 2000]
@@ -313,7 +314,7 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
         lines = out.splitlines()
         assert refill in lines[-2] and lines[-1].startswith("stopped at step"), out[-1000:]
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert 2000 <= ckpt["global_step"] < total
     assert (ckpt["replay_buffer"] is not None) == save_buffer
     if save_buffer:

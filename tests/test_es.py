@@ -14,6 +14,7 @@ from conftest import (
     ROOT,
     assert_one_error_line,
     load_algorithm,
+    load_file,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -154,7 +155,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
     for (step, mean, _), best in generations:
         returns = [v for s, v, _ in episodes if s == step]
         assert len(returns) == 8 and mean == pytest.approx(np.mean(returns)) and best == max(returns)
-    model = torch.load(run / "es.model", weights_only=False)
+    model = load_file(run / "es.model")
     assert model["args"]["env_id"] == env_id
     # observation statistics gathered from the rollouts travel with the model
     assert model["obs_rms"]["count"] > 8 and model["obs_rms"]["var"].ne(1.0).any()
@@ -176,7 +177,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
 
 
 def final_state(run):
-    model = torch.load(run / "es.model", weights_only=False)
+    model = load_file(run / "es.model")
     return model["model"], model["obs_rms"], values(run, "losses/grad_norm"), values(run, "charts/episodic_return")
 
 
@@ -205,7 +206,7 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
 
     out = stop_run("es", *flags, "--exp-name", "again", cwd=tmp_path, at=2, unit="generation")
     again = next((tmp_path / "runs").glob("*__again__*"))
-    ckpt = torch.load(again / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(again / "checkpoint.pt")
     assert 2 <= ckpt["generation"] < 8 and "resume with:" in out
     resumed = run_algorithm("es", "--resume", str(again / "checkpoint.pt"), cwd=tmp_path)
     assert f"resumed {again.relative_to(tmp_path)} at generation {ckpt['generation']}" in resumed.stdout
@@ -213,7 +214,7 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     states = {name: final_state(next((tmp_path / "runs").glob(f"*__{name}__*"))) for name in ("one", "two", "again")}
     assert_same_state(states["one"], states["two"])
     assert_same_state(states["one"], states["again"])
-    assert torch.load(next((tmp_path / "runs").glob("*__two__*/es.model")), weights_only=False)["args"]["world_size"] == 2
+    assert load_file(next((tmp_path / "runs").glob("*__two__*/es.model")))["args"]["world_size"] == 2
     steps = [s for s, _, _ in scalars(again)["charts/population_mean_return"]]
     assert len(steps) == 8 and steps == sorted(set(steps))  # every generation logged once across the stop
     assert len(values(again, "charts/episodic_return")) == 8 * 32  # and every member's episode

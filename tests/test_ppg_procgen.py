@@ -17,6 +17,7 @@ from conftest import (
     assert_one_error_line,
     flat_params,
     load_algorithm,
+    load_file,
     one_thread,
     only_run,
     run_algorithm,
@@ -306,7 +307,7 @@ def test_smoke_trains_saves_reloads_evaluates_and_anneals_over_the_whole_run(tmp
     # the iteration within the phase, so its rate goes back up at every phase)
     lrs = [v for _, v, _ in logged["charts/learning_rate"]]
     np.testing.assert_allclose(lrs, [5e-4 * (1 - i / 6) for i in range(6)], rtol=1e-6)
-    model = torch.load(run / "ppg_procgen.model", weights_only=False)
+    model = load_file(run / "ppg_procgen.model")
     assert model["args"]["env_id"] == "BigfishEasy-v0" and "critic.weight" in model["model"]
     assert f"model: {run.relative_to(tmp_path) / 'ppg_procgen.model'}" in proc.stdout
     assert {p.name for p in (run / "videos").iterdir()} == {"eval_384.mp4", "eval_768.mp4", "final.mp4"}
@@ -314,7 +315,7 @@ def test_smoke_trains_saves_reloads_evaluates_and_anneals_over_the_whole_run(tmp
 
 def test_detach_architecture_trains_saves_and_reloads(tmp_path):
     proc = run_algorithm("ppg_procgen", *TINY, "--arch", "detach", "--total-timesteps", "512", "--save-model", cwd=tmp_path)
-    model = torch.load(only_run(tmp_path) / "ppg_procgen.model", weights_only=False)
+    model = load_file(only_run(tmp_path) / "ppg_procgen.model")
     assert model["args"]["arch"] == "detach" and not any(k.startswith("value_net.") for k in model["model"])
     assert "ppg_procgen.model: mean return" in proc.stdout
 
@@ -371,7 +372,7 @@ def test_a_stop_mid_phase_or_inside_the_auxiliary_phase_resumes_without_losing_o
     else:
         stop_when(flags, tmp_path, where)
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     (saved,) = ckpt["phase"]  # one process's
     if where.startswith("step"):
         # the signal lands at the end of iteration 3, or, when it comes a moment late, in the auxiliary phase after 4

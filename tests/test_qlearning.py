@@ -14,6 +14,7 @@ from conftest import (
     CPU,
     assert_one_error_line,
     load_algorithm,
+    load_file,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -55,7 +56,7 @@ def train_with_defaults(env_id: str, tmp_path, seed: int = 1):
     """On the CPU (qlearning.py's default too), where the margins below were measured."""
     proc = run_algorithm("qlearning", "--env-id", env_id, "--seed", str(seed), "--save-model", CPU, cwd=tmp_path)
     run = only_run(tmp_path)
-    model = torch.load(run / "qlearning.model", weights_only=False)
+    model = load_file(run / "qlearning.model")
     assert model["args"]["env_id"] == env_id
     return proc, run, model["q"].numpy()
 
@@ -203,7 +204,7 @@ def test_box_observations_train_save_reload_and_evaluate(env_id, flags, states, 
     assert "tensorboard logs:" in proc.stdout.splitlines()[-1]
     tags = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate", "charts/epsilon"}
     assert tags | {"losses/td_error", "eval/episodic_return"} <= set(scalars(run))
-    model = torch.load(run / "qlearning.model", weights_only=False)
+    model = load_file(run / "qlearning.model")
     assert model["q"].shape[0] == states and model["q"].abs().sum() > 0
     assert model["grid"]["bins"] == (int(flags[flags.index("--bins") + 1]) if "--bins" in flags else 20)
     if "--eval-every" in flags:  # one periodic evaluation (its mean), then the final one's five episodes
@@ -225,18 +226,20 @@ def test_episodic_return_is_one_point_per_finished_episode(tmp_path):
 
 
 def test_resume_report_names_only_the_given_flags_that_differ(tmp_path):
-    """The computed num_iterations differs between a parsed command line (0) and a checkpoint's args: never listed."""
+    """The computed num_iterations differs between a parsed command line (0) and a checkpoint's args: never named,
+    neither as a change a resumed run takes nor as one it refuses."""
     run_algorithm("qlearning", "--total-timesteps", "6400", "--checkpoint-every", "6400", cwd=tmp_path)
     checkpoint = str(only_run(tmp_path) / "checkpoint.pt")
-    resumed = run_algorithm("qlearning", "--resume", checkpoint, "--gamma", "0.5", "--seed", "1", cwd=tmp_path)
-    assert "ignoring --gamma from the command line" in resumed.stdout and "num-iterations" not in resumed.stdout
+    resumed = run_algorithm("qlearning", "--resume", checkpoint, "--log-every", "1280", "--seed", "1", cwd=tmp_path)
+    assert "resuming with --log-every 1280 (the checkpoint has 10000)" in resumed.stdout
+    assert "num-iterations" not in resumed.stdout and "--seed" not in resumed.stdout
     tyro_error = run_algorithm("qlearning", "--num-iterations", "5", cwd=tmp_path, check=False)
     assert_one_error_line("qlearning", tyro_error, r"Unrecognized options: --num-iterations")  # not a flag
 
 
 def test_same_seed_same_run_on_cpu(tmp_path):
     def read(run):
-        table = torch.load(run / "qlearning.model", weights_only=False)["q"]
+        table = load_file(run / "qlearning.model")["q"]
         return [values(run, t) for t in ("charts/episodic_return", "losses/td_error")] + [table.tolist()]
 
     flags = ["--total-timesteps", "30000", "--log-every", "1000", "--save-model", "--eval-episodes", "50"]
@@ -277,7 +280,7 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
     flags += ["--checkpoint-every", "32000"]
     stop_run("qlearning", *flags, cwd=tmp_path, at=48_000, sig=sig)  # between two periodic checkpoints
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert 32_000 <= ckpt["global_step"] < total
     resumed = run_algorithm("qlearning", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
     assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout

@@ -69,6 +69,40 @@ def test_a_crafted_model_file_is_refused_and_nothing_in_it_runs(name, tmp_path):
 # extends it to. qlearning.py's --num-envs is its own default; dqn.py's and ddpg_td3.py's learning starts within the run.
 RESUMED = {
     "ppo": ("--env-id CartPole-v1 --num-steps 64 --total-timesteps 512 --checkpoint-every 512", "total_timesteps", 1024),
+    # Pendulum's episodes all last the 20 steps the cap allows: every generation logs at the same spacing
+    "es": (
+        "--env-id Pendulum-v1 --population-size 8 --max-episode-steps 20 --hidden-sizes 8 --num-generations 4 "
+        "--checkpoint-every 2",
+        "num_generations",
+        6,
+    ),
+    "a2c": ("--env-id CartPole-v1 --total-timesteps 2000 --checkpoint-every 2000", "total_timesteps", 4000),
+    "rnd_ppo": (
+        "--num-envs 4 --num-steps 32 --num-minibatches 2 --num-iterations-obs-norm-init 1 --max-episode-steps 40 "
+        "--total-timesteps 256 --checkpoint-every 256",
+        "total_timesteps",
+        512,
+    ),
+    "dqn": (
+        "--env-id CartPole-v1 --total-timesteps 1000 --learning-starts 200 --buffer-size 1000 --batch-size 32 "
+        "--log-every 100 --checkpoint-every 500",
+        "total_timesteps",
+        2000,
+    ),
+    # --save-buffer: without the buffer, the resumed run refills it for --learning-starts steps before an update
+    "ddpg_td3": (
+        "--env-id Pendulum-v1 --total-timesteps 600 --learning-starts 300 --buffer-size 2000 --hidden-size 32 "
+        "--batch-size 32 --log-every 100 --checkpoint-every 300 --save-buffer",
+        "total_timesteps",
+        900,
+    ),
+    "qlearning": ("--total-timesteps 6400 --log-every 640 --checkpoint-every 6400", "total_timesteps", 12800),
+    # a run that ends on a phase boundary: the longer run does the auxiliary phase the first one left for its end
+    "ppg_procgen": (
+        "--num-envs 2 --num-steps 16 --num-minibatches 1 --n-pi 2 --e-aux 1 --total-timesteps 64 --checkpoint-every 64",
+        "total_timesteps",
+        128,
+    ),
 }
 
 
@@ -93,6 +127,10 @@ def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_
     assert_one_error_line(name, proc, r"--seed 2 differs from the checkpoint's 1.*leave out --seed \(or pass 1\)")
     assert tag_steps(run) == before
 
+    # a length that does not go past the checkpoint: refused, rather than a resumed run that stops at once
+    proc = run_bad_input(name, [*env_id, "--resume", checkpoint, flag, "1"], tmp_path, "CartPole-v1")
+    assert_one_error_line(name, proc, rf"{flag} 1 does not go past the checkpoint's .*; pass a {flag} above")
+
     # a longer run, with the same seed typed again: applied and said; the curve goes on from the checkpoint, no gap
     proc = run_algorithm(name, *env_id, "--resume", checkpoint, flag, str(longer), "--seed", "1", cwd=tmp_path)
     old = flags[flags.index(flag) + 1]
@@ -113,23 +151,85 @@ MEANINGLESS = {
         ("--env-id CartPole-v1 --rnn-size 128", r"--rnn-size sizes the recurrent layer, and this run has none"),
         ("--env-id CartPole-v1 --eval-episodes 10", r"--eval-episodes sets the evaluations, and this run has none"),
     ],
+    "a2c": [
+        ("--env-id CartPole-v1 --episodic-life", r"--episodic-life is for envpool's Atari ids, and CartPole-v1 is not one"),
+        ("--env-id Breakout-v5 --no-norm-obs", r"--norm-obs is for vector observations, and Breakout-v5 has uint8 frames"),
+        ("--env-id CartPole-v1 --rnn-size 128", r"--rnn-size sizes the recurrent layer, and this run has none"),
+        ("--env-id CartPole-v1 --capture-video", r"--capture-video sets the evaluations, and this run has none"),
+    ],
+    "rnd_ppo": [
+        ("--rnn-size 128", r"--rnn-size sizes the recurrent layer, and this run has none \(see --rnn\)"),
+        ("--eval-episodes 10", r"--eval-episodes sets the evaluations, and this run has none"),
+    ],
+    "dqn": [
+        ("--env-id CartPole-v1 --episodic-life", r"--episodic-life is for envpool's Atari ids, and CartPole-v1 is not one"),
+        ("--env-id CartPole-v1 --eval-epsilon 0.05", r"--eval-epsilon sets the evaluations, and this run has none"),
+    ],
+    "ddpg_td3": [
+        ("--env-id Pendulum-v1 --algo ddpg --policy-noise 0.2", r"--policy-noise shapes TD3's target policy smoothing"),
+        ("--env-id Pendulum-v1 --eval-episodes 10", r"--eval-episodes sets the evaluations, and this run has none"),
+    ],
+    "qlearning": [
+        ("--env-id FrozenLake-v1 --bins 10", r"--bins shapes the grid over Box observations, and FrozenLake-v1's are"),
+        ("--no-lr-decay --end-learning-rate 0.01", r"--end-learning-rate is where --lr-decay ends"),
+    ],
+    "es": [
+        ("--env-id CartPole-v1 --eval-every 0 --eval-episodes 10", r"--eval-episodes sets the evaluations, and this run"),
+        (
+            "--env-id CartPole-v1 --preset auto --num-generations 100 --hidden-sizes 32 32",
+            r"--preset only sets the defaults of --num-generations and --hidden-sizes, and both are given",
+        ),
+    ],
+    "ppg_procgen": [
+        ("--e-aux 0 --n-pi 32", r"--n-pi is for the auxiliary phase, and this run has none \(--e-aux 0\)"),
+        ("--start-level 0", r"--start-level is the first level of a fixed set, and this run's levels are unlimited"),
+        ("--eval-deterministic", r"--eval-deterministic sets the evaluations, and this run has none"),
+        ("--preset paper --n-pi 32", r"--preset only sets the default of --n-pi, and --n-pi is given"),
+    ],
 }
 
 
 @pytest.mark.parametrize(
-    "name, flags, message", [(name, flags, message) for name, rows in MEANINGLESS.items() for flags, message in rows]
+    "name, flags, message",
+    [
+        pytest.param(name, flags, message, id=f"{name}-{i}")
+        for name, rows in MEANINGLESS.items()
+        for i, (flags, message) in enumerate(rows)
+    ],
 )
 def test_a_flag_the_run_makes_meaningless_is_refused_even_with_its_default_value(name, flags, message, tmp_path):
     proc = run_bad_input(name, [*flags.split(), CPU], tmp_path, "CartPole-v1")
     assert_one_error_line(name, proc, message + r".*; leave it out")
 
 
-# A network no machine here holds (the flags), and one of the same kind that fits (the size flag's value), for each
-# file with a network to size; the reckoning's network stores are those whose names start with NETWORKS
+# A network no machine here holds (its flags), the size flag, a size of the same kind that fits, and the flags of a short
+# run at that size, for each file with a network to size; the reckoning's network stores are those whose names start
+# with NETWORKS (rnd_ppo.py: the agent, and RND's predictor and target)
 OVERSIZED = {
-    "ppo": ("--env-id CartPole-v1 --rnn lstm --rnn-size 16384", "--rnn-size", "256"),
+    "ppo": ("--env-id CartPole-v1 --rnn lstm --rnn-size 16384", "--rnn-size", "256", "--total-timesteps 512 --num-steps 64"),
+    "a2c": ("--env-id CartPole-v1 --rnn lstm --rnn-size 16384", "--rnn-size", "256", "--total-timesteps 400"),
+    "rnd_ppo": (
+        "--rnn lstm --rnn-size 16384",
+        "--rnn-size",
+        "256",
+        "--num-envs 4 --num-steps 32 --num-minibatches 2 --num-iterations-obs-norm-init 1 --total-timesteps 128",
+    ),
+    "ddpg_td3": (
+        "--env-id Pendulum-v1 --hidden-size 65536",
+        "--hidden-size",
+        "64",
+        "--total-timesteps 300 --learning-starts 200 --buffer-size 1000 --batch-size 32",
+    ),
+    "es": (
+        "--env-id CartPole-v1 --population-size 2 --hidden-sizes 16384 16384",
+        "--hidden-sizes",
+        "256 256",
+        "--population-size 2 --num-generations 2 --max-episode-steps 20 --save-model --eval-episodes 1",
+    ),
 }
-NETWORKS = ("the network", "the networks")
+# Tensors a file's main holds for its network outside modules and optimisers: es.py's ES gradient
+OTHER_NETWORK_TENSORS = {"es": ("grad",)}
+NETWORKS = ("the network", "the agent", "the RND", "the Q-network", "the actor", "the critic", "the twin critics")
 
 
 def reckoned_networks(name: str, flags: list[str]) -> int:
@@ -142,8 +242,9 @@ def reckoned_networks(name: str, flags: list[str]) -> int:
     return sum(size for store, (size, _, _) in stores.items() if store.startswith(NETWORKS))
 
 
-def allocated_networks(held: dict) -> int:
-    """Bytes of the parameters, gradients and optimiser states that main's locals hold, each tensor counted once."""
+def allocated_networks(held: dict, others=()) -> int:
+    """Bytes of the parameters, gradients and optimiser states that main's locals hold (and the tensors named in
+    others), each storage counted once."""
     seen, total = set(), 0
 
     def add(t):
@@ -152,12 +253,18 @@ def allocated_networks(held: dict) -> int:
             seen.add(t.untyped_storage().data_ptr())
             total += t.untyped_storage().nbytes()
 
+    for other in others:
+        add(held[other])
     for value in held.values():
         if isinstance(value, torch.nn.Module):
             for p in value.parameters():
                 add(p)
                 add(p.grad)
         elif isinstance(value, torch.optim.Optimizer):
+            for p in (p for group in value.param_groups for p in group["params"]):
+                add(p)
+                # a file that sets its gradients to None after each step (rnd_ppo.py) allocates them at every backward
+                add(p.grad if p.grad is not None else torch.empty_like(p))
             for state in value.state.values():
                 for t in state.values():
                     add(t if t.dim() else None)  # Adam's step count is a scalar per parameter: not storage to plan for
@@ -166,14 +273,14 @@ def allocated_networks(held: dict) -> int:
 
 @pytest.mark.parametrize("name", sorted(OVERSIZED))
 def test_a_network_too_large_for_the_machine_is_refused_before_anything_is_written(name, tmp_path):
-    flags, _, _ = OVERSIZED[name]
+    flags = OVERSIZED[name][0]
 
     def call(module):
         module.memory_free = lambda device: 8 * 2**30  # the same machine for every run of the test
         module.main(module.parse_args([*flags.split(), CPU]))
 
     proc = run_in_process(name, call, tmp_path)
-    assert_one_error_line(name, proc, r"^\S+ error: the network.* needs .* GiB .* 8 GiB of memory free; lower ")
+    assert_one_error_line(name, proc, r"^\S+ error: the (network|agent|critic|twin critics) .* needs .* GiB .*; lower ")
     assert not (tmp_path / "runs").exists()
 
 
@@ -181,10 +288,11 @@ def test_a_network_too_large_for_the_machine_is_refused_before_anything_is_writt
 def test_the_network_reckoning_is_within_a_tenth_of_what_a_run_allocates(name, tmp_path):
     """A run of a size that fits: the parameters, gradients and optimiser states its networks hold at the end of main,
     against what storage() reckoned for them."""
-    flags, size_flag, size = OVERSIZED[name]
+    flags, size_flag, size, run = OVERSIZED[name]
     flags = flags.split()
-    flags[flags.index(size_flag) + 1] = size
-    flags = [*flags, CPU, "--total-timesteps", "512", "--num-steps", "64"] if name == "ppo" else [*flags, CPU]
+    at = flags.index(size_flag) + 1
+    flags[at : at + len(size.split())] = size.split()
+    flags = [*flags, *run.split(), CPU]
     reckoned, held = reckoned_networks(name, flags), {}
 
     def call(module):
@@ -200,5 +308,5 @@ def test_the_network_reckoning_is_within_a_tenth_of_what_a_run_allocates(name, t
 
     proc = run_in_process(name, call, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    allocated = allocated_networks(held)
+    allocated = allocated_networks(held, OTHER_NETWORK_TENSORS.get(name, ()))
     assert allocated > 0 and abs(reckoned - allocated) <= 0.1 * allocated, (reckoned, allocated)

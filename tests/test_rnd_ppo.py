@@ -13,6 +13,7 @@ from conftest import (
     assert_one_error_line,
     flat_params,
     load_algorithm,
+    load_file,
     only_run,
     run_algorithm,
     run_bad_input,
@@ -263,7 +264,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(tmp_path):
     assert TAGS <= set(logged)
     assert [s for s, _, _ in logged["charts/rooms_visited_total"]] == [128, 256]
     assert all(v == 40 for _, v, _ in logged["charts/episodic_length"])  # the cap (a truncation) ends every episode
-    model = torch.load(run / "rnd_ppo.model", weights_only=False)
+    model = load_file(run / "rnd_ppo.model")
     assert {"model", "rnd", "obs_rms", "reward_rms", "rewems"} <= set(model)
     assert "critic_int.weight" in model["model"] and {"predictor.11.weight", "target.0.weight"} <= set(model["rnd"])
     # the statistics saw the random steps and both rollouts' frames (4 envs x 32 steps each time)
@@ -314,7 +315,7 @@ def test_a_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
     flags = [*TINY, "--total-timesteps", str(total), "--progress-interval", "0", "--checkpoint-every", "256"]
     stop_run("rnd_ppo", *flags, cwd=tmp_path, at=640, sig=sig)
     run = only_run(tmp_path)
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    ckpt = load_file(run / "checkpoint.pt")
     assert 256 <= ckpt["global_step"] < total and ckpt["rooms_seen"].sum() >= 1
     resumed = run_algorithm("rnd_ppo", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
     assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout

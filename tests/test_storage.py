@@ -172,7 +172,10 @@ TOO_LARGE = {
         "--buffer-size 100000000000",
         r"the replay buffer \(--buffer-size 100000000000 of 11-dim .* lower --buffer-size",
     ),
-    "es": ("--population-size 1000000000", r"the population \(--population-size 1000000000 x .* lower --population-size"),
+    "es": (
+        "--population-size 1000000 --hidden-sizes 1024 1024",
+        r"the population \(--population-size 1000000 x 1,056,770 parameters\) needs .* lower --population-size",
+    ),
     "qlearning": (
         "--env-id Acrobot-v1 --bins 1000000",
         r"the table \(--bins 1000000 \^ 6 dimensions = 1e\+36 rows x 3 actions\) needs .* GiB .*; lower --bins, or use dqn",
