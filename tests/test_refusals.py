@@ -17,7 +17,6 @@ from conftest import (
     load_file,
     marks,
     only_run,
-    run_algorithm,
     run_bad_input,
     run_in_process,
     scalars,
@@ -115,7 +114,9 @@ def tag_steps(run) -> list[int]:
 def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_changes(name, tmp_path):
     flags, length, longer = RESUMED[name]
     flags = [*flags.split(), CPU, "--seed", "1"]
-    run_algorithm(name, *flags, "--progress-interval", "0", cwd=tmp_path)
+    # in this process, as run_bad_input runs its cases: a subprocess would add seconds of imports per run
+    trained = run_in_process(name, lambda m: m.main(m.parse_args([*flags, "--progress-interval", "0"])), tmp_path)
+    assert trained.returncode == 0, trained.stderr
     run = only_run(tmp_path)
     checkpoint = str(run / "checkpoint.pt")
     before = tag_steps(run)
@@ -132,7 +133,9 @@ def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_
     assert_one_error_line(name, proc, rf"{flag} 1 does not go past the checkpoint's .*; pass a {flag} above")
 
     # a longer run, with the same seed typed again: applied and said; the curve goes on from the checkpoint, no gap
-    proc = run_algorithm(name, *env_id, "--resume", checkpoint, flag, str(longer), "--seed", "1", cwd=tmp_path)
+    longer_flags = [*env_id, "--resume", checkpoint, flag, str(longer), "--seed", "1"]
+    proc = run_in_process(name, lambda m: m.main(m.parse_args(longer_flags)), tmp_path)
+    assert proc.returncode == 0, proc.stderr
     old = flags[flags.index(flag) + 1]
     assert f"resuming with {flag} {longer} (the checkpoint has {old})" in proc.stdout
     after = tag_steps(run)
