@@ -719,6 +719,8 @@ def fail(message: str):
     torchrun every process checks the same input, and the first process of each machine says it (LOCAL_RANK 0)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    else:  # torchrun ends a job's other processes when one exits: first let process 0, which checks the same, say it
+        time.sleep(3)
     sys.exit(2)
 
 
