@@ -72,7 +72,7 @@ with tempfile.TemporaryDirectory() as tmp:  # a trained population: every member
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
     (run,) = (os.path.join(tmp, "runs", d) for d in os.listdir(os.path.join(tmp, "runs")))
     train_sps = read_scalars(run)["charts/SPS"][-1][1]
-    model = torch.load(os.path.join(run, "es.model"), weights_only=False)
+    model = es.load_checkpoint(os.path.join(run, "es.model"), es.Args.env_id, kind="model")  # the safe loader
 policy = es.Policy(4, 2, tuple(model["args"]["hidden_sizes"]))
 policy.load_state_dict(model["model"])
 rms = es.RunningMeanStd((4,), torch.device("cpu"))
