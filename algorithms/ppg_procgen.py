@@ -686,8 +686,8 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
         activations = forward_floats(agent, agent, torch.zeros((1,) + obs_space.shape, dtype=torch.uint8))
     per_step = obs_size + 2 * 4 + (4 * num_actions if args.e_aux > 0 else 0)
     # the auxiliary phase's Adam keeps two more moments per parameter, from its first step
-    networks = network_bytes(lambda: Agent(obs_space, action_space, args.arch))
-    networks += 2 * network_bytes(lambda: Agent(obs_space, action_space, args.arch), trained=False) if args.e_aux > 0 else 0
+    parameters = network_bytes(lambda: Agent(obs_space, action_space, args.arch), trained=False)
+    networks = parameters * (6 if args.e_aux > 0 else 4)  # the parameters, their gradients, two or four moments
     adams = "the two Adams' moments" if args.e_aux > 0 else "Adam's moments"
     stores = {
         f"the networks (--arch {args.arch}), their gradients and {adams}": (
@@ -1176,8 +1176,7 @@ def main(args: Args) -> None:
 
     # --- final model (process 0): saved, reloaded from disk, evaluated ---
     envs.close()
-    # frames an earlier checkpoint named go; those of a checkpoint at the last iteration stay, to extend the run
-    remove_old_phases(run_dir, rank, f"phase_{args.num_iterations}_process{rank}.u8")
+    remove_old_phases(run_dir, rank, f"phase_{args.num_iterations}_process{rank}.u8")  # a last checkpoint's frames stay
     end_processes(args.world_size)
     if rank != 0:
         leave(args.world_size)
