@@ -29,15 +29,6 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.tensorboard import SummaryWriter
 
-# envpool registers every env family it has when it is imported (0.9 s on a 2-core machine, most of it families a run
-# never uses: Jumanji's renderer alone loads matplotlib); this file registers them one at a time, up to its env's
-# (envpool_has, at the end of the file)
-sys.modules.setdefault("envpool.entry", types.ModuleType("envpool.entry"))
-import envpool  # noqa: E402
-
-# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
-warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-
 
 @dataclass
 class Args:
@@ -1279,6 +1270,36 @@ def main(args: Args) -> None:
 # Run plumbing: the same text in every algorithm file, from this heading to the end of the file
 # (tests/test_shared_code.py fails, printing the diff, when two copies differ)
 # ===============================================================================================================
+import ast
+import contextlib
+import dataclasses
+import importlib.util
+import inspect
+import io
+import os
+import random
+import re
+import signal
+import sys
+import time
+import types
+import typing
+import warnings
+
+import numpy as np
+import torch
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+# envpool registers every env family it has when it is imported (0.9 s on a 2-core machine, most of it families a run
+# never uses: Jumanji's renderer alone loads matplotlib); these files register them one at a time, up to the run's env's
+# (envpool_has, at the end of this block); the machinery above uses the name envpool bound here
+sys.modules.setdefault("envpool.entry", types.ModuleType("envpool.entry"))
+import envpool
+
+# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+
 SCRIPT = os.path.basename(__file__)
 
 
