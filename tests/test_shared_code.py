@@ -23,6 +23,8 @@ DIFFERENT = {
     "write_checkpoint": "what each algorithm's checkpoint holds (PPG's phase frames, RND's filter state)",
     "preset_defaults": "each algorithm's presets",
     "main": "the algorithm",
+    "start_run": "each algorithm's set-up: its checks, spaces, processes and restored state",
+    "end_run": "each algorithm's end: its final model, saved, reloaded and evaluated",
     "Agent": "a shared-trunk or two-MLP actor-critic (ppo.py, a2c.py) against PPG's policy and value IMPALA networks",
     "env_spaces": "ppg_procgen.py takes only envpool's Procgen ids, whose spaces its spec has",
     "check_args": "each algorithm's spaces and flag combinations",
