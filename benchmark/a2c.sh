@@ -26,7 +26,7 @@
 #
 # Usage: bash benchmark/a2c.sh [classic|atari|mujoco|all|sb3]
 #   sb3: Stable-Baselines3's own A2C with the zoo's MuJoCo entry on gymnasium's HalfCheetah-v4 and Hopper-v4, 3 seeds
-#        (benchmark/sb3_a2c_mujoco.py; stable-baselines3 and mujoco go into $DEPS): how A2C itself fares with these
+#        (benchmark/studies/sb3_a2c_mujoco.py; stable-baselines3 and mujoco go into $DEPS): how A2C itself fares with these
 #        settings, beside a2c_mujoco. About 30 min a run on a 2-core CPU.
 # Classic control takes about a minute a run on a quiet 2-core CPU (CartPole-v1). Atari 10M steps wants a GPU;
 # MuJoCo's 1 env x 5 steps makes 200k updates of a small batch, which a GPU does not speed up.
@@ -54,7 +54,7 @@ if [[ $family == sb3 ]]; then
   mkdir -p benchmark/runs/sb3_a2c_mujoco
   for env_id in HalfCheetah-v4 Hopper-v4; do
     for seed in 1 2 3; do
-      PYTHONPATH="$DEPS" OMP_NUM_THREADS=1 python -W ignore benchmark/sb3_a2c_mujoco.py "$env_id" --seed "$seed" \
+      PYTHONPATH="$DEPS" OMP_NUM_THREADS=1 python -W ignore benchmark/studies/sb3_a2c_mujoco.py "$env_id" --seed "$seed" \
         --out benchmark/runs/sb3_a2c_mujoco 2>&1 | grep -v settotalmass
     done
   done | tee benchmark/runs/sb3_a2c_mujoco/summary.txt

@@ -9,7 +9,7 @@ bench() {
   python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name" --keep-data
 }
 
-# For the scripts that time a CleanRL script beside ours (benchmark/cleanrl_*_speed.sh):
+# For the scripts that time a CleanRL script beside ours (benchmark/studies/cleanrl_*_speed.sh):
 # cleanrl_script FILE: gym 0.23 into $DEPS (pip --target, no deps), and CleanRL's cleanrl/FILE into $DEPS unless
 # $CLEANRL names a local copy; prints the script's path.
 cleanrl_script() {
@@ -24,7 +24,7 @@ cleanrl_script() {
 stamp() { python -u -c 'import sys, time; t = time.time(); [print(f"  {time.time() - t:7.1f} s  {line}", end="") for line in sys.stdin]'; }
 
 # sb3_deps: stable-baselines3 and mujoco (gymnasium's MuJoCo envs) into $DEPS (pip --target), for running SB3's own
-# algorithms beside ours (benchmark/sb3_a2c_mujoco.py); numpy stays the one torch was built against.
+# algorithms beside ours (benchmark/studies/sb3_a2c_mujoco.py); numpy stays the one torch was built against.
 sb3_deps() {
   DEPS=${DEPS:-/tmp/sb3_deps}
   if [ ! -d "$DEPS/stable_baselines3" ]; then

@@ -9,7 +9,7 @@
 # (CleanRL's figures: docs.cleanrl.dev, PPG page, 25M steps; PPO's: Cobbe et al. 2020, "Leveraging Procedural
 # Generation", Easy.)
 #
-# 25M steps is a GPU job. On a 2-core x86 CPU (benchmark/cleanrl_ppg_speed.sh) the
+# 25M steps is a GPU job. On a 2-core x86 CPU (benchmark/studies/cleanrl_ppg_speed.sh) the
 # policy phase ran 165 SPS (53 min per phase of 524,288 steps) and an auxiliary epoch about 74 s per policy iteration's
 # frames (40 min per epoch over a full phase, 4 h for 6 epochs): about 4.8 h per phase, 48 phases, 9-10 days for 25M
 # steps. `--arch detach` (CleanRL's one-CNN architecture, for a like-for-like comparison with its figures) halves that.

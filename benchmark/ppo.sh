@@ -79,7 +79,7 @@ if [[ $family == memory-atari || $family == all ]]; then
   bench ppo ppo_lstm_atari Breakout-v5 Pong-v5 BeamRider-v5 -- --rnn lstm --checkpoint-every 1000000 --save-model
 fi
 # Memory, speed: ppo.py --rnn lstm against sb3-contrib's RecurrentPPO with the same settings and sizes
-# (benchmark/sb3_recurrent_ppo.py), 100k steps each, one thread, two rounds back to back; whole-process wall times
+# (benchmark/studies/sb3_recurrent_ppo.py), 100k steps each, one thread, two rounds back to back; whole-process wall times
 if [[ $family == memory-speed ]]; then
   sb3_deps
   [ -d "$DEPS/sb3_contrib" ] || python -m pip install -q --target "$DEPS" --no-deps sb3-contrib==2.9.2 >&2
@@ -91,7 +91,7 @@ if [[ $family == memory-speed ]]; then
       --total-timesteps 100000 --seed "$round" --progress-interval 1000 | grep -E "^step 99" | tail -n 1)
     echo "round $round: ppo.py --rnn lstm, $(python -c "print(f'{$(date +%s.%N) - $start:.1f}')") s"
     start=$(date +%s.%N)
-    python benchmark/sb3_recurrent_ppo.py --seed "$round" --total-timesteps 100000
+    python benchmark/studies/sb3_recurrent_ppo.py --seed "$round" --total-timesteps 100000
     echo "round $round: sb3-contrib RecurrentPPO, $(python -c "print(f'{$(date +%s.%N) - $start:.1f}')") s"
   done
 fi

@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from benchmark import cleanrl_speed, report, run, speed
+from benchmark import report, run, speed
+from benchmark.studies import cleanrl_speed
 from conftest import load_algorithm
 
 
@@ -314,7 +315,7 @@ def test_action_size_of_a_policy_whose_mean_sits_outside_the_bounds(tmp_path):
     model = tmp_path / "a2c.model"
     torch.save({"script": "a2c.py", "kind": "model", "args": {"env_id": "Pendulum-v1", "seed": 1},
                 "model": agent.state_dict(), "obs_rms": None}, model)  # fmt: skip
-    tool = [sys.executable, str(Path(run.__file__).with_name("a2c_action_size.py"))]
+    tool = [sys.executable, str(Path(run.__file__).parent / "studies" / "a2c_action_size.py")]
     proc = subprocess.run([*tool, str(model), "--steps", "50"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "Pendulum-v1 seed 1, mean |action| before clipping 3.00 over 50 steps (bounds -2 to 2)" in proc.stdout

@@ -1,7 +1,7 @@
 """How far outside its action bounds a saved a2c.py Gaussian policy has drifted: the mean size |mean| of the greedy
 action, before the clip to the bounds, over the steps of the reloaded model's greedy play.
 
-    python benchmark/a2c_action_size.py benchmark/runs/a2c_mujoco/runs/HalfCheetah-v4__a2c__1__*/a2c.model
+    python benchmark/studies/a2c_action_size.py benchmark/runs/a2c_mujoco/runs/HalfCheetah-v4__a2c__1__*/a2c.model
 
 A size well above 1 on [-1, 1] bounds means the clipped action no longer moves with the policy's mean (every MuJoCo
 run in benchmark/results/a2c_mujoco/sb3_a2c.md ends so, good or collapsed). The env, seed and observation statistics
@@ -9,11 +9,14 @@ come from the model file; the env is seeded as a2c.py's own evaluation seeds it 
 sb3_a2c_mujoco.py prints for SB3's A2C (there over its 10 evaluation episodes)."""
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from algos import load_algorithm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmark/, for algos
+from algos import load_algorithm  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("model", nargs="+", help="runs/<run>/a2c.model files written by a2c.py --save-model")

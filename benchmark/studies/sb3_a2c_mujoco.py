@@ -4,7 +4,7 @@ HalfCheetah-v3/Hopper-v3 entry is SB3's A2C defaults (1 env, 5 steps, RMSprop lr
 training: observations and rewards normalised (its model cards list norm_reward False: the evaluation's setting). Run
 by `bash benchmark/a2c.sh sb3`, which puts stable-baselines3 and mujoco on the path.
 
-    python benchmark/sb3_a2c_mujoco.py HalfCheetah-v4 --seed 1 --out /tmp/sb3_a2c
+    python benchmark/studies/sb3_a2c_mujoco.py HalfCheetah-v4 --seed 1 --out /tmp/sb3_a2c
 
 Writes <out>/<env>_<seed>.monitor.csv (each training episode's raw return, SB3's Monitor) and prints the mean return of
 the last 100 training episodes, the final agent's greedy evaluation (10 episodes, normalisation frozen: the zoo's

@@ -3,8 +3,8 @@ time summed into a few kinds of work; the imports (the script's, and torch._dyna
 makes imports) are timed apart, before it. cProfile's bookkeeping slows the Python parts more than the
 compiled ones, so read the shares, not the seconds, and compare two profiles taken the same way.
 
-    python benchmark/where_time_goes.py ppo --env-id CartPole-v1 --total-timesteps 49152 --no-cuda
-    python benchmark/where_time_goes.py dqn --env-id CartPole-v1 --total-timesteps 50000 --no-cuda --top 20
+    python benchmark/studies/where_time_goes.py ppo --env-id CartPole-v1 --total-timesteps 49152 --no-cuda
+    python benchmark/studies/where_time_goes.py dqn --env-id CartPole-v1 --total-timesteps 50000 --no-cuda --top 20
 """
 
 import argparse
@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from algos import load_algorithm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmark/, for algos
+from algos import load_algorithm  # noqa: E402
 
 # (kind, substrings of "file:function" that mark it), the first match wins
 KINDS = [

@@ -8,20 +8,20 @@
 #    working tree with .gpu/ to the CUDA machine (which needs torch, numpy, tensorboard and matplotlib).
 # 2. There, from the repository root, with OUT naming a folder for what the steps write (default benchmark/runs/gpu),
 #    run:
-#      bash benchmark/gpu_steps.sh speed ppo:Breakout-v5:4 ddpg_td3:HalfCheetah-v4:2     (about 8 min)
-#      bash benchmark/gpu_steps.sh speed dqn:Breakout-v5:1 a2c:Breakout-v5:4 rnd_ppo:MontezumaRevenge-v5:1
+#      bash benchmark/studies/gpu_steps.sh speed ppo:Breakout-v5:4 ddpg_td3:HalfCheetah-v4:2     (about 8 min)
+#      bash benchmark/studies/gpu_steps.sh speed dqn:Breakout-v5:1 a2c:Breakout-v5:4 rnd_ppo:MontezumaRevenge-v5:1
 #    Each ALGO:ENV_ID:STEPS_SCALE is one speed.py row (eager, then --compile, then --compile --cudagraphs), cut after
 #    ROW_SECONDS (default 280); the rows collect in $OUT/speed_gpu.md.
 # 3. The Pong-v5 curve and the test suite beside it:
-#      bash benchmark/gpu_steps.sh pong-and-tests --compile --cudagraphs --num-envs 16 --num-minibatches 8
-#      bash benchmark/gpu_steps.sh pong-stop 330      (stops Pong that many seconds later; copies its log and events to $OUT)
+#      bash benchmark/studies/gpu_steps.sh pong-and-tests --compile --cudagraphs --num-envs 16 --num-minibatches 8
+#      bash benchmark/studies/gpu_steps.sh pong-stop 330      (stops Pong that many seconds later; copies its log and events to $OUT)
 #    pong-and-tests starts Pong in the background (setsid, so it outlives the step) and runs the suite for up to 390 s;
 #    pong-stop sends SIGTERM (ppo.py checkpoints and exits). Run the two one after the other on the same machine.
 # The packed folder has no ffmpeg binary (imageio-ffmpeg would add about 30 MB), and Procgen needs the Qt 5 runtime
 # and sprites the pack drops, so the --capture-video smoke tests and Procgen fail on such a machine; the suite step
 # leaves out ppg_procgen.py.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [ -d /tmp/deps-py312 ] || [ ! -f .gpu/deps-py312.txz ] || tar xJf .gpu/deps-py312.txz -C /tmp
 OUT=${OUT:-$PWD/benchmark/runs/gpu}
 mkdir -p "$OUT"

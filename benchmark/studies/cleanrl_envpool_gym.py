@@ -1,8 +1,8 @@
 """Run a CleanRL script written for envpool's old gym API (`envpool.make(..., env_type="gym")`, gym 0.23: reset returns
 the observations, step returns (obs, reward, done, info)) with the envpool installed here, whose gym API is gone: only
-for timing CleanRL's ppo_rnd_envpool.py beside rnd_ppo.py (benchmark/cleanrl_rnd_speed.sh). Needs gym 0.23 on the path.
+for timing CleanRL's ppo_rnd_envpool.py beside rnd_ppo.py (benchmark/studies/cleanrl_rnd_speed.sh). Needs gym 0.23 on the path.
 
-    python benchmark/cleanrl_envpool_gym.py path/to/ppo_rnd_envpool.py [its flags]
+    python benchmark/studies/cleanrl_envpool_gym.py path/to/ppo_rnd_envpool.py [its flags]
 
 The stand-in steps envpool's gymnasium pool and joins termination and truncation into done, as the old API did; the
 info dict (reward, terminated, lives, ...) is envpool's own. Nothing else of the script changes."""

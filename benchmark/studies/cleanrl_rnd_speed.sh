@@ -6,11 +6,11 @@
 # (16,384) over the time between its last two iteration lines (rollout and update, without start-up or initialisation),
 # and /usr/bin/time gives the whole process's peak RSS.
 # CleanRL's script needs gym 0.23 (installed into DEPS with pip --target) and envpool's old gym API, which the envpool
-# here no longer has: benchmark/cleanrl_envpool_gym.py stands in for it over the gymnasium API.
-#     bash benchmark/cleanrl_rnd_speed.sh > benchmark/results/rnd_ppo_vs_cleanrl_speed.txt
+# here no longer has: benchmark/studies/cleanrl_envpool_gym.py stands in for it over the gymnasium API.
+#     bash benchmark/studies/cleanrl_rnd_speed.sh > benchmark/results/rnd_ppo_vs_cleanrl_speed.txt
 #   offline: CLEANRL=path/to/a/copy (git show HEAD:cleanrl/ppo_rnd_envpool.py in a clone of vwxyzjn/cleanrl)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 source benchmark/common.sh
 DEPS=${DEPS:-/tmp/cleanrl_deps}
 CLEANRL=$(cleanrl_script ppo_rnd_envpool.py)
@@ -23,7 +23,7 @@ times = [float(line.split()[0]) for line in sys.stdin if re.search(sys.argv[1], 
 print(f"  one iteration (16,384 steps) in {times[-1] - times[-2]:.1f} s: {16384 / (times[-1] - times[-2]):.0f} SPS")' "$1"; }
 echo "CleanRL ppo_rnd_envpool.py:"
 (cd "$RUNS" && PYTHONUNBUFFERED=1 PYTHONPATH="$DEPS" /usr/bin/time -f "%e s wall, %M KiB peak RSS" \
-    python "$OLDPWD/benchmark/cleanrl_envpool_gym.py" "$CLEANRL" \
+    python "$OLDPWD/benchmark/studies/cleanrl_envpool_gym.py" "$CLEANRL" \
     --total-timesteps "$STEPS" --num-iterations-obs-norm-init 1 --no-cuda 2>&1 | grep -E --line-buffered "^SPS|wall" |
     stamp | tee "$RUNS/cleanrl.log")
 sps "SPS:" < "$RUNS/cleanrl.log"

@@ -1,6 +1,6 @@
 """Peak RSS of ppg_procgen.py with the default sizes on CPU, without 1.5 hours of policy phase first.
 
-    python benchmark/ppg_procgen_memory.py          # about 15 minutes on 2 CPU cores, 7 GB of free RAM and disk
+    python benchmark/studies/ppg_procgen_memory.py          # about 15 minutes on 2 CPU cores, 7 GB of free RAM and disk
 
 It writes a checkpoint at the end of policy iteration 31 of 32 with that phase's frames (random bytes: the content does
 not change the memory), resumes it (which loads the frames slot by slot), so the run does the phase's last policy
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "algorithms"))
 import ppg_procgen as ppg  # noqa: E402
 

@@ -2,14 +2,14 @@
 a user feels it, the whole process from `python` to exit. After one untimed warm-up run of each side, the rounds go
 A B A B; a row's figure is each side's median, and the ratio is CleanRL's time over ours (above 1: ours is faster).
 
-    python benchmark/cleanrl_speed.py                          # every row, CleanRL's files fetched at CLEANRL_COMMIT
-    python benchmark/cleanrl_speed.py --cleanrl PATH           # a clone of vwxyzjn/cleanrl (read with git show)
-    python benchmark/cleanrl_speed.py --only ppo-cartpole startup --rounds 3
-    python benchmark/cleanrl_speed.py --compile                # also ours with --compile, against CleanRL's eager time
+    python benchmark/studies/cleanrl_speed.py                          # every row, CleanRL's files fetched at CLEANRL_COMMIT
+    python benchmark/studies/cleanrl_speed.py --cleanrl PATH           # a clone of vwxyzjn/cleanrl (read with git show)
+    python benchmark/studies/cleanrl_speed.py --only ppo-cartpole startup --rounds 3
+    python benchmark/studies/cleanrl_speed.py --compile                # also ours with --compile, against CleanRL's eager time
 
 CleanRL's files are run as they are at CLEANRL_COMMIT except for PORTS: API calls of gymnasium 0.29 and envpool's old
 gym API that today's gymnasium 1.x and envpool no longer have, each listed with why (the loops, networks and updates are
-untouched). Its Atari script runs through benchmark/cleanrl_envpool_gym.py (envpool's old gym API over the gymnasium
+untouched). Its Atari script runs through benchmark/studies/cleanrl_envpool_gym.py (envpool's old gym API over the gymnasium
 one) with gym 0.23 on the path (--deps; `pip install --target DIR --no-deps gym==0.23.1 gym_notices`), and its MuJoCo
 scripts need the mujoco package (gymnasium's MuJoCo envs; ours use envpool's), on the path or in --deps.
 """
@@ -25,9 +25,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from speed import machine  # the same machine line as speed.py's tables
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmark/, for speed
+from speed import machine  # noqa: E402  (the same machine line as speed.py's tables)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLEANRL_COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"  # vwxyzjn/cleanrl master, 2025
 
 
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> str:
         [
             "# Against CleanRL's scripts, whole process, same machine",
             "",
-            f"{machine()}, CPU. Command: `python benchmark/cleanrl_speed.py"
+            f"{machine()}, CPU. Command: `python benchmark/studies/cleanrl_speed.py"
             + (" --compile" if args.compile else "")
             + f"`. CleanRL at {CLEANRL_COMMIT[:8]}, ported as the script lists. After a warm-up run of each, "
             f"{args.rounds} rounds A B; times are the range over the rounds, ratios of the medians.",

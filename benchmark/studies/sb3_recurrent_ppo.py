@@ -2,7 +2,7 @@
 same network sizes, to time the two side by side. Run by `bash benchmark/ppo.sh memory-speed`, which puts
 stable-baselines3 and sb3-contrib on the path (pip --target, no other change).
 
-    python benchmark/sb3_recurrent_ppo.py --seed 1 --total-timesteps 100000
+    python benchmark/studies/sb3_recurrent_ppo.py --seed 1 --total-timesteps 100000
 
 Settings: rl-baselines3-zoo's CartPoleNoVel-v1 entry (hyperparams/ppo_lstm.yml: 8 envs x 32 steps, batch 256, 20
 epochs, gamma 0.98, lambda 0.8, no entropy bonus, learning rate 1e-3 annealed, clip 0.2 annealed) with observations
@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # masked_envs, beside this file
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmark/, for masked_envs
 import masked_envs  # noqa: E402,F401  (registers CartPoleNoVel-v1)
 
 try:
