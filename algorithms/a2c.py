@@ -1,90 +1,26 @@
-"""A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it; benchmark: `bash benchmark/a2c.sh`."""
+"""A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it; benchmark: `bash benchmark/a2c.sh`.
 
-import ast
-import contextlib
-import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
-import math
-import os
-import random
-import re
-import signal
-import subprocess
-import sys
-import time
-import traceback
-import types
-import typing
-import warnings
+Reading guide: the algorithm comes first, down to the line `# The algorithm ends here`: Args, the network, the maths,
+the update step and main, the training loop. Below it: this file's machinery (presets, envs, recurrent and torchrun
+helpers, evaluation, checks, start_run and end_run), then the run plumbing all eight files share. Flags: docs/a2c.md.
+"""
+
 from dataclasses import dataclass
 from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.distributed as dist
 import tyro
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
+from torch.distributions import Categorical, Normal
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
-    exp_name: str = "a2c"
-    """name of this experiment, part of the run directory name"""
-    env_id: str = "CartPole-v1"
-    """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
-    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """who steps the envs: envpool (C++ worker threads) or a gymnasium vector env in this process; auto takes
-    gymnasium for classic-control envs whose Python steps together cost less than envpool's hand-off to its threads
-    (PYTHON_STEP_US: up to 8 CartPoles, 2 Acrobots) and do not render, and envpool for everything else it has"""
-    preset: Literal["auto", "classic", "atari", "mujoco"] = "auto"
-    """defaults that reproduce a family's rl-baselines3-zoo reference: classic (SB3's A2C defaults, 8 envs x 5 steps,
-    500k steps), atari (10M steps, 16 envs, ent 0.01, vf 0.25, TensorFlow-like RMSprop), mujoco (1M steps, 1 env x 5
-    steps, observation and reward normalisation); auto picks atari for image observations, mujoco for Box actions,
-    classic otherwise"""
-    seed: int = 1
-    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = True
-    """use CUDA when it is available"""
-    compile: bool = False
-    """torch.compile the acting step and the update (inductor, on CPU and CUDA; the first iterations pay the compile
-    time, which inductor caches on disk for later runs): off by default, the eager code is the one to read. On a CPU it
-    pays only on long runs (CartPole: from about 490k steps; a short run loses the seconds of compiling, or of loading
-    inductor's cache, and the checks of every compiled call); docs/speed.md"""
-    cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
-    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off by default, sampling as CleanRL's PPO evaluation does,
-    since a greedy Atari policy can stall (never pressing FIRE) until the 27,000-step time limit"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_interval: int = 100
-    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses are averaged over them"""
-
     # --- algorithm ---
     total_timesteps: int = 500_000
-    """total env steps over all envs; may be raised on --resume to extend a run (an annealed learning rate then follows
-    the new total from the step the run resumes at)"""
+    """total env steps over all envs; may be raised on --resume to extend a run"""
     learning_rate: float = 7e-4
     """RMSprop learning rate"""
     num_envs: int = 8
@@ -119,15 +55,50 @@ class Args:
     """Atari only: a lost life ends the training episode (the logged episode is still the full game)"""
     reward_clip: bool = True
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
-
-    # --- memory: a recurrent policy ---
     rnn: Literal["none", "lstm", "gru"] = "none"
-    """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
-    observation does not tell the state (none: the feed-forward policy of the presets' references)"""
+    """a recurrent layer between the observation encoder and the heads (none: the presets' feed-forward policy)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
 
-    # --- computed at start-up ---
+    # --- run settings ---
+    exp_name: str = "a2c"
+    """name of this experiment, part of the run directory name"""
+    env_id: str = "CartPole-v1"
+    """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """who steps the envs: envpool's C++ threads or gymnasium in this process (auto: gymnasium for a few cheap envs)"""
+    preset: Literal["auto", "classic", "atari", "mujoco"] = "auto"
+    """defaults of a family's rl-baselines3-zoo reference (docs/a2c.md); auto picks one from the env's spaces"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the acting step and the update (off: the eager code is the one to read; docs/speed.md)"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_interval: int = 100
+    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses are averaged over them"""
+
+    # --- computed at start-up (check_args) ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     num_iterations: tyro.conf.Suppress[int] = 0
@@ -135,6 +106,396 @@ class Args:
     world_size: tyro.conf.Suppress[int] = 1
     """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
+
+# --- the network ---
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """Actor-critic chosen from the spaces: Nature CNN (shared trunk) for image observations, two separate
+    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions. With a
+    recurrent layer (rnn "lstm" or "gru"), it sits between the encoder (the CNN, or nothing for vectors) and the heads
+    (the linear heads, or the two MLPs), and actor and critic share it: CleanRL's ppo_atari_lstm.py (CNN, 512, LSTM,
+    heads) and sb3-contrib's RecurrentPPO with a shared LSTM (observation, LSTM, 64-64 MLPs)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
+        super().__init__()
+        obs_shape = obs_space.shape
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
+        n_features = 512 if len(obs_shape) == 3 else int(np.prod(obs_shape))
+        n_head = n_features if rnn == "none" else rnn_size
+        if len(obs_shape) == 3:  # (C, H, W) uint8 frames; Mnih et al. 2015 Nature CNN
+            self.encoder = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            with torch.no_grad():
+                n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
+            self.encoder.append(layer_init(nn.Linear(n_flat, 512)))
+            self.encoder.append(nn.ReLU())
+            self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
+            self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
+            self.scale = 1.0 / 255.0
+        else:
+            self.encoder = nn.Flatten()
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(n_head, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, n_out), std=0.01),
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(n_head, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 1), std=1.0),
+            )
+            self.scale = 1.0
+        if self.continuous:
+            # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
+            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are float
+        # already, and not scaled
+        return self.encoder(x.float().mul_(self.scale)) if self.scale != 1.0 else self.encoder(x)
+
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
+        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
+        size) for a GRU; None without memory."""
+        if self.memory is None:
+            return None
+        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+
+    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
+        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
+        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
+        features come out (T*B, size)."""
+        if self.memory is None:
+            return self.encode(x), None
+        one_step = starts is None or starts.dim() == 1
+        x = x.unsqueeze(0) if one_step else x
+        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        state = self.initial_state(x.shape[1], x.device) if state is None else state
+        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+        # without spans, one call per step: right for any starts
+        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+        return h.flatten(0, 1), state
+
+    def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
+        return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
+
+    def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
+        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, and the
+        memory's state after x (None without memory)."""
+        h, state = self.hidden(x, state, starts, spans)
+        if self.continuous:  # a Gaussian per action dimension, with a state-independent log std
+            mean = self.actor(h)
+            dist = Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+        else:
+            dist = Categorical(logits=self.actor(h), validate_args=False)
+        if action is None:
+            action = dist.mode if deterministic else dist.sample()
+        logprob, entropy = dist.log_prob(action), dist.entropy()
+        if self.continuous:
+            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        return action, logprob, entropy, self.critic(h).squeeze(-1), state
+
+
+# --- the maths: returns, loss, running statistics (tests/test_maths_ppo_a2c.py holds them to references) ---
+def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
+
+    With next-step autoreset the observation after a truncated step is the real final observation, so
+    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
+    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
+    (valid = 0) gets advantage 0 and is masked out of the loss.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef: float, vf_coef: float, norm_adv: bool):
+    """Policy gradient + value regression - entropy bonus over the valid entries of the rollout (Mnih et al. 2016).
+
+    Returns the total loss and, detached, (policy loss, value loss, entropy).
+    """
+    if norm_adv:
+        mean = masked_mean(advantages, mask)
+        var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
+        advantages = (advantages - mean) / (var.sqrt() + 1e-8)
+    pg_loss = masked_mean(-advantages.detach() * logprob, mask)
+    # the plain mean squared error, as SB3's and Baselines' A2C (ppo.py halves it), so vf_coef means what it does there
+    v_loss = masked_mean((value - returns) ** 2, mask)
+    entropy_loss = masked_mean(entropy, mask)
+    loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
+    return loss, torch.stack([pg_loss, v_loss, entropy_loss]).detach()
+
+
+def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
+    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
+    if not anneal:
+        return learning_rate
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    resid = returns - values
+    var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
+
+
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
+    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
+    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
+    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
+    the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+
+    def state_dict(self) -> dict:
+        return dict(
+            mean=torch.from_numpy(self.mean),
+            var=torch.from_numpy(self.var),
+            count=torch.tensor(self.count, dtype=torch.float64),
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
+
+
+def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None, clip: float = 10.0) -> np.ndarray:
+    """Vectors as the network's float32, standardised and clipped when there are statistics; frames as they are."""
+    if rms is None:
+        return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
+    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
+
+
+def scale_reward(
+    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
+):
+    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
+
+    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
+    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
+    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
+    """
+    discounted_return = discounted_return * gamma + reward
+    rms.update(discounted_return[:, None])
+    return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
+
+
+# --- the update step ---
+def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
+    # alpha 0.99 and eps 1e-5 as Baselines and SB3, not PyTorch's eps 1e-8: the step is lr * g / (sqrt(mean g^2) + eps),
+    # so a tiny eps blows near-zero gradients up to full-size steps, noise with a 5-step rollout; 1e-5 damps them.
+    # A3C was tuned with TensorFlow's RMSprop (Mnih et al. 2016), whose eps sits inside the root: --rmsprop-tf-like.
+    if args.rmsprop_tf_like:
+        return RMSpropTF(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
+    # foreach: a few operations over all parameters at once, not a loop over tensors (PyTorch has no fused RMSprop)
+    return torch.optim.RMSprop(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps, foreach=True)
+
+
+def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
+    """The acting step and the update, the two functions `--compile` hands to torch.compile (LeanRL's approach: the
+    same code, traced once); without it they run eagerly, as written here."""
+
+    def update(obs, actions, advantages, returns, valid, state=None, starts=None, spans=None):
+        """The whole rollout: the A2C loss, its gradient (norm clipped), an RMSprop step; returns the loss terms. With
+        memory, obs are the envs' sequences (T, N, ...) replayed from `state`, and the other tensors their T*N steps."""
+        optimizer.zero_grad(set_to_none=True)
+        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
+        loss, step_stats = a2c_loss(
+            newlogprob, entropy, newvalue, advantages, returns, valid, args.ent_coef, args.vf_coef, args.norm_adv
+        )
+        loss.backward()
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(agent.parameters(), args.world_size)
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return step_stats
+
+    act = agent.get_action_and_value
+    if not args.compile:
+        return act, update
+    # the rate as a tensor, so that annealing it does not recompile the update
+    optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=next(agent.parameters()).device)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
+
+
+def main(args: Args) -> None:
+    # --- set-up: checks, processes, device, checkpoint, run directory, writer (start_run, below the marker) ---
+    run = start_run(args)
+    rank, device, obs_space, action_space = run.rank, run.device, run.obs_space, run.action_space
+    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)  # the same weights in every process
+    optimizer = make_optimizer(agent.parameters(), args)
+    act, update = training_steps(agent, optimizer, args)
+    obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
+    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
+    if args.world_size > 1:  # torchrun: each process samples its own actions
+        torch.manual_seed(args.seed + rank)
+    global_step, start_iteration = restore_run(run.ckpt, agent, optimizer, obs_rms, return_rms, rank, args, device, run.dir)
+
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them,
+    # from the backend that one process would step them all with
+    T, N = args.num_steps, args.num_envs // args.world_size
+    seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
+    envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend)
+    continuous = isinstance(action_space, gym.spaces.Box)
+
+    # rollout storage, preallocated on the device; frames stay uint8
+    obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32)
+    obs = obs.to(device)
+    actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
+    values = torch.zeros((T, N), device=device)
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
+    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
+
+    next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    # memory (None without): the state carried from step to step and across rollouts (truncated backpropagation through
+    # each rollout), zeroed where an episode starts (see run_memory); a resumed run's envs start from zeros too
+    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    starts = None if state is None else torch.zeros((T, N), device=device)
+    discounted_return = np.zeros(N)
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    stats, num_updates = torch.zeros(3, device=device), 0  # summed over the log interval, on the device
+    finished = []  # the episodes ended since the last log, as (step, returns, lengths)
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
+        if args.compile:  # the rate is a tensor there, so that annealing it does not recompile the update
+            optimizer.param_groups[0]["lr"].fill_(lr)
+        else:
+            optimizer.param_groups[0]["lr"] = lr
+
+        # --- rollout ---
+        rollout_state = state  # with memory, where the update replays each env's sequence from
+        for step in range(T):
+            global_step += args.num_envs  # every process's envs
+            obs[step] = next_obs
+            with torch.no_grad():
+                action, _, _, value, state = act(next_obs, state=state, starts=next_start)
+            actions[step], values[step] = action, value
+            env_action = action.cpu().numpy()
+            if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
+                env_action = np.clip(env_action, action_space.low, action_space.high)
+            next_obs_np, reward, term, trunc, info = envs.step(env_action)
+            done = term | trunc
+            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            if return_rms is not None:
+                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
+            step_rows[:, step] = torch.from_numpy(host_rows)
+            if state is not None:
+                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
+                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
+                starts[step], next_start = next_start, 1.0 - valid[step]
+            next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
+            episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
+            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
+                ep_return, ep_length, score, next_valid, episode_end
+            )
+            finished.append((global_step, fin_returns, fin_lengths))
+            next_valid = ~done
+
+        # --- advantages: n-step returns (GAE with lambda 1 by default) ---
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs, state, next_start)
+            advantages, returns = compute_gae(
+                rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda
+            )
+        b_actions = actions.reshape((-1,) + action_space.shape)
+        b_advantages, b_returns, b_values, b_valid = (x.reshape(-1) for x in (advantages, returns, values, valid))
+
+        # --- update: one gradient step on the whole rollout (with memory, its sequences from the rollout's state) ---
+        memory = () if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        stats += update(obs.flatten(0, 1) if state is None else obs, b_actions, b_advantages, b_returns, b_valid, *memory)
+        num_updates += 1
+
+        # --- logging (process 0, with every process's episodes): one host sync and one exchange per log interval ---
+        stopping = stop_everywhere(run.stop, args.world_size, device)  # torchrun: the same on every process
+        last = iteration == args.num_iterations
+        if iteration % args.log_interval == 0 or last or stopping:
+            episodes, finished = gather_episodes(finished, args.world_size), []
+            if rank == 0:
+                ev = explained_variance(b_values, b_returns, b_valid).reshape(1)
+                log_a2c_iteration(run, episodes, torch.cat([stats / num_updates, ev]), lr, global_step, last)
+            stats, num_updates = torch.zeros(3, device=device), 0
+
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
+            with run.progress.paused():
+                eval_returns = evaluate(agent, obs_rms, args, device, video_path(args, run.dir, global_step))
+                log_eval(run.writer, eval_returns, global_step)
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
+            write_checkpoint(run, args, (agent, optimizer, obs_rms, return_rms), global_step, iteration)
+        if stopping:
+            envs.close()
+            stop_processes_and_exit(run.stop, run.writer, args, run.dir, f"step {global_step:,}")
+
+    # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (end_run, below) ---
+    end_run(run, args, envs, agent, obs_rms, global_step)
+
+
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
+# ---------------------------------------------------------------------------------------------------------------
+# This file's machinery: presets, envs, recurrent and torchrun helpers, evaluation, checks, the set-up and end of a run
+# ---------------------------------------------------------------------------------------------------------------
+import difflib
+import os
+import signal
+import subprocess
+import sys
+import traceback
+import types
+
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
@@ -185,9 +546,7 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
+# --- envs ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -303,134 +662,7 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))  # a Gaussian's log density term, as torch.distributions.Normal has it
-
-
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-class Agent(nn.Module):
-    """Actor-critic chosen from the spaces: Nature CNN (shared trunk) for image observations, two separate
-    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions. With a
-    recurrent layer (rnn "lstm" or "gru"), it sits between the encoder (the CNN, or nothing for vectors) and the heads
-    (the linear heads, or the two MLPs), and actor and critic share it: CleanRL's ppo_atari_lstm.py (CNN, 512, LSTM,
-    heads) and sb3-contrib's RecurrentPPO with a shared LSTM (observation, LSTM, 64-64 MLPs)."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
-        super().__init__()
-        obs_shape = obs_space.shape
-        self.continuous = isinstance(action_space, gym.spaces.Box)
-        n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
-        n_features = 512 if len(obs_shape) == 3 else int(np.prod(obs_shape))
-        n_head = n_features if rnn == "none" else rnn_size
-        if len(obs_shape) == 3:  # (C, H, W) uint8 frames; Mnih et al. 2015 Nature CNN
-            self.encoder = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
-            with torch.no_grad():
-                n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
-            self.encoder.append(layer_init(nn.Linear(n_flat, 512)))
-            self.encoder.append(nn.ReLU())
-            self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
-            self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
-            self.scale = 1.0 / 255.0
-        else:
-            self.encoder = nn.Flatten()
-            self.actor = nn.Sequential(
-                layer_init(nn.Linear(n_head, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, n_out), std=0.01),
-            )
-            self.critic = nn.Sequential(
-                layer_init(nn.Linear(n_head, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 1), std=1.0),
-            )
-            self.scale = 1.0
-        if self.continuous:
-            # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
-            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
-        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are float
-        # already, and not scaled
-        return self.encoder(x.float().mul_(self.scale)) if self.scale != 1.0 else self.encoder(x)
-
-    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
-        size) for a GRU; None without memory."""
-        if self.memory is None:
-            return None
-        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
-
-    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
-        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
-        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
-        features come out (T*B, size)."""
-        if self.memory is None:
-            return self.encode(x), None
-        one_step = starts is None or starts.dim() == 1
-        x = x.unsqueeze(0) if one_step else x
-        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-        state = self.initial_state(x.shape[1], x.device) if state is None else state
-        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-        # without spans, one call per step: right for any starts
-        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-        return h.flatten(0, 1), state
-
-    def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
-        return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
-
-    def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
-        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, and the
-        memory's state after x (None without memory). The distributions are written out in the tensor operations that
-        torch.distributions' Normal and Categorical perform, the same numbers to the bit, without building an object per
-        call: on a small network that construction costs more than the maths (tests/test_ppo_logic.py compares them)."""
-        h, state = self.hidden(x, state, starts, spans)
-        if self.continuous:  # a Gaussian per action dimension, with a state-independent log std
-            mean = self.actor(h)
-            std = self.actor_logstd.expand_as(mean).exp()
-            if action is None and deterministic:
-                action = mean
-            elif action is None:
-                with torch.no_grad():  # a sample, not a function of the weights (Normal.sample, not rsample)
-                    action = torch.normal(mean, std)
-            log_std = std.log()
-            logprob = (-((action - mean) ** 2) / (2 * std**2) - log_std - LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1)
-        else:  # a categorical over the actor's logits, normalised to log-probabilities
-            logits = self.actor(h)
-            logits, probs = logits - logits.logsumexp(-1, keepdim=True), None
-            if action is None:
-                probs = logits.softmax(-1)
-                action = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1, True).squeeze(-1)
-            logprob = logits.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            # with the action given, the probabilities come after the gather, in torch.distributions' order: the
-            # gradients into the logits then add up in the same order, and a run is the same to the bit
-            probs = logits.softmax(-1) if probs is None else probs
-            entropy = -(logits * probs).sum(-1)
-        return action, logprob, entropy, self.critic(h).squeeze(-1), state
-
-
+# --- recurrent helpers ---
 def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
     """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
     ppo_atari_lstm.py initialises its LSTM."""
@@ -471,18 +703,7 @@ def memory_spans(starts: np.ndarray) -> list[int]:
     return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Running statistics for observation and reward normalisation
-# ---------------------------------------------------------------------------------------------------------------
-def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
-    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
-    delta = batch_mean - mean
-    total = count + batch_count
-    new_mean = mean + delta * batch_count / total
-    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
-    return new_mean, m2 / total, total
-
-
+# --- running statistics under torchrun, the TensorFlow-like RMSprop, evaluation, checks ---
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
     process: its own rows, as they are."""
@@ -491,108 +712,6 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(parts, local)
     return torch.cat(parts)
-
-
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None, clip: float = 10.0) -> np.ndarray:
-    """Vectors as the network's float32, standardised and clipped when there are statistics; frames as they are."""
-    if rms is None:
-        return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
-    return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
-
-
-def scale_reward(
-    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
-):
-    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
-
-    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
-    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
-    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
-    """
-    discounted_return = discounted_return * gamma + reward
-    rms.update(discounted_return[:, None])
-    return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
-
-    With next-step autoreset the observation after a truncated step is the real final observation, so
-    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
-    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
-    (valid = 0) gets advantage 0 and is masked out of the loss.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
-        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def a2c_loss(
-    logprob,
-    entropy,
-    value,
-    advantages,
-    returns,
-    mask,
-    ent_coef: float,
-    vf_coef: float,
-    norm_adv: bool,
-):
-    """Policy gradient + value regression - entropy bonus over the valid entries of the rollout (Mnih et al. 2016).
-
-    Returns the total loss and, detached, (policy loss, value loss, entropy).
-    """
-    if norm_adv:
-        mean = masked_mean(advantages, mask)
-        var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
-        advantages = (advantages - mean) / (var.sqrt() + 1e-8)
-    pg_loss = masked_mean(-advantages.detach() * logprob, mask)
-    # the plain mean squared error, as SB3's and Baselines' A2C (ppo.py halves it), so vf_coef means what it does there
-    v_loss = masked_mean((value - returns) ** 2, mask)
-    entropy_loss = masked_mean(entropy, mask)
-    loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
-    return loss, torch.stack([pg_loss, v_loss, entropy_loss]).detach()
 
 
 class RMSpropTF(torch.optim.Optimizer):
@@ -616,59 +735,6 @@ class RMSpropTF(torch.optim.Optimizer):
                 square_avg = self.state[p]["square_avg"]
                 square_avg.mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
                 p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr a float or, compiled, a tensor
-
-
-def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
-    # alpha 0.99 and eps 1e-5 as Baselines and SB3, not PyTorch's eps 1e-8: the step is lr * g / (sqrt(mean g^2) + eps),
-    # so a tiny eps blows near-zero gradients up to full-size steps, noise with a 5-step rollout; 1e-5 damps them.
-    # A3C was tuned with TensorFlow's RMSprop (Mnih et al. 2016), whose eps sits inside the root: --rmsprop-tf-like.
-    if args.rmsprop_tf_like:
-        return RMSpropTF(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    # foreach: a few operations over all parameters at once, not a loop over tensors (PyTorch has no fused RMSprop)
-    return torch.optim.RMSprop(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps, foreach=True)
-
-
-def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
-    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
-    if not anneal:
-        return learning_rate
-    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    resid = returns - values
-    var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation and argument checks of this algorithm
-# ---------------------------------------------------------------------------------------------------------------
-def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step and the update, the two functions `--compile` hands to torch.compile (LeanRL's approach: the
-    same code, traced once); without it they run eagerly, as written here."""
-
-    def update(obs, actions, advantages, returns, valid, state=None, starts=None, spans=None):
-        """The whole rollout: the A2C loss, its gradient (norm clipped), an RMSprop step; returns the loss terms. With
-        memory, obs are the envs' sequences (T, N, ...) replayed from `state`, and the other tensors their T*N steps."""
-        optimizer.zero_grad(set_to_none=True)
-        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
-        loss, step_stats = a2c_loss(
-            newlogprob, entropy, newvalue, advantages, returns, valid, args.ent_coef, args.vf_coef, args.norm_adv
-        )
-        loss.backward()
-        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
-            average_gradients(agent.parameters(), args.world_size)
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        optimizer.step()
-        return step_stats
-
-    act = agent.get_action_and_value
-    if not args.compile:
-        return act, update
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
 
 
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
@@ -825,9 +891,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.capture_video = False
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
-# ---------------------------------------------------------------------------------------------------------------
+# --- several processes (torchrun): what one process alone does not need, so not part of the shared plumbing ---
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
     """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
     enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
@@ -961,157 +1025,68 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
+# --- the set-up and the end of a run ---
+def start_run(args: Args) -> types.SimpleNamespace:
+    """Everything before the networks: every check before the run directory is made; under torchrun, one process per
+    share of the envs; the device, the storage check, the checkpoint read; then, on process 0 only (the one that writes
+    logs, checkpoints and models), the run directory and the writer; the progress line and the stop requests."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    # only process 0 writes logs, checkpoints and models
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
+    resumed_at = ckpt["global_step"] if ckpt else None
+    return types.SimpleNamespace(
+        rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt, dir=run_dir,
+        writer=open_writer(run_dir, args, resumed_at) if rank == 0 else None,
+        progress=Progress(args, resumed_at or 0, args.total_timesteps), stop=stop_requests(),
+    )  # fmt: skip
 
-    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)  # the same weights in every process
-    optimizer = make_optimizer(agent.parameters(), args)
-    if args.compile:  # the rate as a tensor, so that annealing it does not recompile the update
-        optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=device)
-    act, update = training_steps(agent, optimizer, args)
-    obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
-    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
-    if args.world_size > 1:  # each process samples its own actions
-        torch.manual_seed(args.seed + rank)
-    global_step, start_iteration = restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank, args, device, run_dir)
-    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
-    progress = Progress(args, global_step, args.total_timesteps)
-    stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them,
-    # from the backend that one process would step them all with
-    T, N = args.num_steps, args.num_envs // args.world_size
-    seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
-    envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend)
-    continuous = isinstance(action_space, gym.spaces.Box)
+def log_a2c_iteration(run: types.SimpleNamespace, episodes: list, logged: torch.Tensor, lr: float, global_step, last: bool):
+    """Process 0's log: every process's finished episodes at the steps they ended, the mean losses over the log interval
+    and the explained variance (`logged`), the learning rate and the progress line."""
+    for step, fin_returns, fin_lengths in episodes:
+        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, step)
+    names = ("policy_loss", "value_loss", "entropy", "explained_variance")
+    for name, value in zip(names, logged.tolist(), strict=True):
+        run.writer.add_scalar(f"losses/{name}", value, global_step)
+    run.writer.add_scalar("charts/learning_rate", lr, global_step)
+    run.progress.log(run.writer, global_step, global_step, force=last)
 
-    # rollout storage, preallocated on the device; frames stay uint8
-    obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32)
-    obs = obs.to(device)
-    actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
-    values = torch.zeros((T, N), device=device)
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
 
-    next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    # memory (None without): the state carried from step to step and across rollouts (truncated backpropagation through
-    # each rollout), zeroed where an episode starts (see run_memory), and the episode starts of the rollout; a resumed
-    # run's envs start new episodes, so it starts from zeros too
-    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
-    starts = None if state is None else torch.zeros((T, N), device=device)
-    discounted_return = np.zeros(N)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    stats, num_updates = torch.zeros(3, device=device), 0  # summed over the log interval, on the device
-    finished = []  # the episodes ended since the last log, as (step, returns, lengths)
+def write_checkpoint(run: types.SimpleNamespace, args: Args, nets: tuple, global_step: int, iteration: int) -> None:
+    """checkpoint.pt, written by process 0: `nets` (agent, optimiser, observation and reward statistics) and every
+    process's RNG states, each process to resume its own."""
+    agent, optimizer, obs_rms, return_rms = nets
+    rngs = gather_objects(rng_state(run.device), args.world_size)
+    if run.rank == 0:
+        save_checkpoint(
+            os.path.join(run.dir, "checkpoint.pt"), "checkpoint", args, run.dir,
+            model=agent.state_dict(), optimizer=optimizer.state_dict(),
+            obs_rms=obs_rms.state_dict() if obs_rms else None,
+            return_rms=return_rms.state_dict() if return_rms else None,
+            global_step=global_step, iteration=iteration, rng=rngs,
+        )  # fmt: skip
 
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
-        if args.compile:
-            optimizer.param_groups[0]["lr"].fill_(lr)
-        else:
-            optimizer.param_groups[0]["lr"] = lr
 
-        # --- rollout ---
-        rollout_state = state  # with memory, where the update replays each env's sequence from
-        for step in range(T):
-            global_step += args.num_envs  # every process's envs
-            obs[step] = next_obs
-            with torch.no_grad():
-                action, _, _, value, state = act(next_obs, state=state, starts=next_start)
-            actions[step], values[step] = action, value
-            env_action = action.cpu().numpy()
-            if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
-                env_action = np.clip(env_action, action_space.low, action_space.high)
-            next_obs_np, reward, term, trunc, info = envs.step(env_action)
-            done = term | trunc
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
-            if return_rms is not None:
-                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            if state is not None:
-                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
-                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
-                starts[step], next_start = next_start, 1.0 - valid[step]
-            next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-                ep_return, ep_length, score, next_valid, episode_end
-            )
-            finished.append((global_step, fin_returns, fin_lengths))
-            next_valid = ~done
-
-        # --- n-step returns (GAE with lambda 1 by default) ---
-        with torch.no_grad():
-            next_value = agent.get_value(next_obs, state, next_start)
-            advantages, returns = compute_gae(
-                rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda
-            )
-        b_actions = actions.reshape((-1,) + action_space.shape)
-        b_advantages, b_returns, b_values, b_valid = (x.reshape(-1) for x in (advantages, returns, values, valid))
-
-        # --- update: one gradient step on the whole rollout (with memory, its sequences from the rollout's state) ---
-        memory = () if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
-        stats += update(obs.flatten(0, 1) if state is None else obs, b_actions, b_advantages, b_returns, b_valid, *memory)
-        num_updates += 1
-
-        # --- logging (process 0, with every process's episodes): one host sync and one exchange per log interval,
-        # since 5-step rollouts make an iteration short ---
-        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
-        last = iteration == args.num_iterations
-        if iteration % args.log_interval == 0 or last or stopping:
-            episodes, finished = gather_episodes(finished, args.world_size), []
-            if rank == 0:
-                for step, fin_returns, fin_lengths in episodes:
-                    progress.log_episodes(writer, fin_returns, fin_lengths, step)
-                names = ("policy_loss", "value_loss", "entropy", "explained_variance")
-                logged = torch.cat([stats / num_updates, explained_variance(b_values, b_returns, b_valid).reshape(1)])
-                for name, value in zip(names, logged.tolist(), strict=True):
-                    writer.add_scalar(f"losses/{name}", value, global_step)
-                writer.add_scalar("charts/learning_rate", lr, global_step)
-                progress.log(writer, global_step, global_step, force=last)
-            stats, num_updates = torch.zeros(3, device=device), 0
-
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(agent, obs_rms, args, device, video_path(args, run_dir, global_step)), global_step)
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            rngs = gather_objects(rng_state(device), args.world_size)  # every process's, each to resume its own
-            if rank == 0:
-                save_checkpoint(
-                    os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                    model=agent.state_dict(), optimizer=optimizer.state_dict(),
-                    obs_rms=obs_rms.state_dict() if obs_rms else None,
-                    return_rms=return_rms.state_dict() if return_rms else None,
-                    global_step=global_step, iteration=iteration, rng=rngs,
-                )  # fmt: skip
-        if stopping:
-            envs.close()
-            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}")
-
-    # --- final model (process 0): saved, reloaded from disk, evaluated with frozen statistics ---
+def end_run(run: types.SimpleNamespace, args: Args, envs, agent: Agent, obs_rms, global_step: int) -> None:
+    """The end of a run: the envs closed, the processes leave together, and process 0 saves the final model, reloads it
+    from disk and evaluates it with frozen statistics (--save-model), then closes the writer."""
     envs.close()
     end_processes(args.world_size)
-    if rank != 0:
+    if run.rank != 0:
         leave(args.world_size)
     if args.save_model:
-        save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args, device, writer, run_dir, global_step)
-    finish(writer, run_dir)
+        save_reload_and_evaluate(
+            agent, obs_rms, run.obs_space, run.action_space, args, run.device, run.writer, run.dir, global_step
+        )
+    finish(run.writer, run.dir)
     leave(args.world_size)
 
 

@@ -1,85 +1,26 @@
-"""DDPG (Lillicrap et al. 2016) and TD3 (Fujimoto et al. 2018) in one file; benchmark: `bash benchmark/ddpg_td3.sh`."""
+"""DDPG (Lillicrap et al. 2016) and TD3 (Fujimoto et al. 2018) in one file; benchmark: `bash benchmark/ddpg_td3.sh`.
 
-import ast
-import contextlib
-import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
-import os
-import random
-import re
-import signal
-import subprocess
-import sys
+Reading guide: from here to the line `# The algorithm ends here` is the algorithm: Args, the actor and the batched
+critics, the maths (target policy smoothing, the TD target, Polyak averaging, exploration noise), the critic and the
+delayed actor updates, and main, the training loop. Below that line: this file's machinery (presets, envs, the replay
+buffer, evaluation, storage, argument checks, start_run and end_run), then the run plumbing all eight files share.
+"""
+
 import time
-import types
-import typing
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
-import tyro
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
-    exp_name: str = "td3"
-    """name of this experiment, part of the run directory name; the --algo's name unless given"""
-    env_id: str = "Hopper-v4"
-    """envpool id (Hopper-v4, HalfCheetah-v5, Pendulum-v1, ...) or any gymnasium id with Box actions, including
-    'module:Env-v0'"""
+    # --- algorithm (the mujoco preset's values; --algo and --preset, below the marker, set several at once) ---
     algo: Literal["td3", "ddpg"] = "td3"
-    """td3 switches on TD3's clipped double Q (--twin-critics) and target policy smoothing (--target-policy-smoothing),
-    ddpg switches them off; both delay the actor (--policy-frequency 2), as CleanRL's DDPG does; each flag given wins"""
-    preset: Literal["auto", "classic", "mujoco"] = "auto"
-    """defaults for a family: mujoco (CleanRL td3_continuous_action.py / ddpg_continuous_action.py: 1M steps, 1M
-    buffer, 25k random steps first), classic (Pendulum-v1: 15k steps, 1k random steps first, lr 1e-3, 64-64 MLPs);
-    auto picks classic for Pendulum-v1 and MountainCarContinuous-v0, mujoco for every other id"""
-    seed: int = 1
-    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = True
-    """use CUDA when it is available"""
-    compile: bool = False
-    """torch.compile the acting step with its exploration noise, the critic update and the actor + target update
-    (inductor, on CPU and CUDA; the first steps pay the compile time, which inductor caches on disk for later runs): off
-    by default, the eager code is the one to read. On a CPU it runs slower than eager: the 256-wide matrix products are
-    the same kernels compiled or not, and inductor's CPU code for ReLU's backward runs slower (docs/speed.md); on a GPU
-    it pays with --cudagraphs"""
-    cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
-    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final actor to runs/<run>/<algo>.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env), with the deterministic actor (no exploration noise)"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    save_buffer: bool = False
-    """put the replay buffer in checkpoint.pt (about 110 MB for Hopper's 1M transitions); a resume without it has
-    lost the experience gathered so far and refills the buffer for --learning-starts steps of the current policy
-    before updating again"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_every: int = 1000
-    """env steps between the loss and SPS scalars"""
-
-    # --- algorithm ---
+    """td3: twin critics and target policy smoothing; ddpg: neither; both delay the actor; each flag given wins"""
     total_timesteps: int = 1_000_000
     """total env steps over all envs; raised on --resume, it extends a finished or stopped run"""
     learning_rate: float = 3e-4
@@ -97,22 +38,304 @@ class Args:
     hidden_size: int = 256
     """width of the two hidden ReLU layers of the actor and of each critic"""
     exploration_noise: float = 0.1
-    """std of the Gaussian noise added to the actor's action while training, as a fraction of the half-range of the
-    action bounds"""
+    """std of the Gaussian noise on the actor's action while training, in units of the half-range of the action bounds"""
     learning_starts: int = 25_000
     """env steps of uniformly random actions gathered before the first gradient step"""
     twin_critics: bool = True
     """TD3's clipped double Q: two critics, the target takes their minimum (DDPG: one critic)"""
     policy_frequency: int = 2
-    """delayed updates: one actor and target update per this many critic updates (TD3 and CleanRL's DDPG: 2; the DDPG
-    of Lillicrap et al. 2016 and Fujimoto et al. 2018's OurDDPG: 1)"""
+    """delayed updates: one actor and target update per this many critic updates (1: the DDPG of Lillicrap et al.)"""
     target_policy_smoothing: bool = True
     """TD3's target policy smoothing: clipped Gaussian noise on the target action (DDPG: none)"""
     policy_noise: float = 0.2
     """std of the smoothing noise, as a fraction of the half-range of the action bounds"""
     noise_clip: float = 0.5
     """the smoothing noise is clipped to +-noise_clip (same units as --policy-noise)"""
+    # --- run settings ---
+    env_id: str = "Hopper-v4"
+    """envpool id (Hopper-v4, HalfCheetah-v5, Pendulum-v1, ...) or any gymnasium id with Box actions, 'module:Env-v0' too"""
+    preset: Literal["auto", "classic", "mujoco"] = "auto"
+    """defaults for a family: mujoco (CleanRL's) or classic (Pendulum-v1); auto picks classic for classic control"""
+    exp_name: str = "td3"
+    """name of this experiment, part of the run directory name; the --algo's name unless given"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the acting step, the critic update and the actor update (slower than eager on a CPU: see the docs)"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final actor to runs/<run>/<algo>.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env), with the deterministic actor (no exploration noise)"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    save_buffer: bool = False
+    """put the replay buffer in checkpoint.pt; a resume without it refills the buffer for --learning-starts steps"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_every: int = 1000
+    """env steps between the loss and SPS scalars"""
 
+
+# No orthogonal layer_init here: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default nn.Linear
+# initialisation (uniform in +-1/sqrt(fan_in)), and their results are the ones the presets reproduce.
+class Actor(nn.Module):
+    """Deterministic policy: a two-hidden-layer ReLU MLP whose tanh output is scaled to the env's action bounds."""
+
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int):
+        super().__init__()
+        action_dim = int(np.prod(action_space.shape))
+        self.network = nn.Sequential(
+            nn.Linear(obs_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, action_dim),
+            nn.Tanh(),
+        )
+        # on the host even where the layers are built on another device (storage's meta device): bounds has numpy copies
+        low = torch.as_tensor(action_space.low, dtype=torch.float32, device="cpu")
+        high = torch.as_tensor(action_space.high, dtype=torch.float32, device="cpu")
+        self.register_buffer("action_low", low)
+        self.register_buffer("action_high", high)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+        self.bounds = (low.numpy(), high.numpy(), ((high - low) / 2.0).numpy())  # host copies, for acting
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x) * self.action_scale + self.action_bias
+
+
+class Critics(nn.Module):
+    """num_critics Q-networks Q(s, a) -> (num_critics, batch) as ONE batched MLP: each layer's weights stacked on a
+    leading critic axis, applied with one torch.baddbmm, so TD3's twin critics cost one forward and one backward pass."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: int, num_critics: int):
+        super().__init__()
+        sizes = [obs_dim + action_dim, hidden, hidden, 1]
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+            bound = 1.0 / np.sqrt(fan_in)  # nn.Linear's default initialisation, for each critic
+            self.weights.append(nn.Parameter(torch.empty(num_critics, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(num_critics, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, params: list | None = None) -> torch.Tensor:
+        params = params if params is not None else list(zip(self.weights, self.biases, strict=True))
+        x = torch.cat([obs, actions], -1)
+        x = x.expand(params[0][0].shape[0], *x.shape)
+        for i, (w, b) in enumerate(params):
+            x = torch.baddbmm(b, x, w)
+            x = torch.relu(x) if i < len(params) - 1 else x
+        return x.squeeze(-1)
+
+    def first_critic_frozen(self) -> list:
+        """The first critic's weights, detached: the actor's loss backpropagates into the action only (as TD3.py,
+        the actor follows Q1), and no time goes into critic gradients that would be thrown away."""
+        return [(w[:1].detach(), b[:1].detach()) for w, b in zip(self.weights, self.biases, strict=True)]
+
+
+def smoothed_target_actions(next_actions, noise, noise_clip: float, action_scale, low, high):
+    """TD3's target policy smoothing (Fujimoto et al. 2018, eq. 15): a' = clip(mu'(s') + clip(noise, -c, c) * scale,
+    low, high). `noise` is N(0, policy_noise) in units of the half-range of the bounds, like noise_clip."""
+    return (next_actions + noise.clamp(-noise_clip, noise_clip) * action_scale).clamp(low, high)
+
+
+def td_target(rewards, terminations, next_q, gamma: float):
+    """r + gamma * (1 - terminated) * min_i Q'_i(s', a') over the critics of next_q (num_critics, batch): with two,
+    TD3's clipped double Q; with one, DDPG's target. A truncated transition (terminated 0) bootstraps from the real s'."""
+    return rewards + gamma * (1.0 - terminations) * next_q.min(0).values
+
+
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
+    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+
+
+def exploration_actions(actions, noise, action_scale, low, high):
+    """TD3's exploration (Fujimoto et al. 2018, Algorithm 1): a = clip(mu(s) + noise * scale, low, high). `noise` is
+    N(0, exploration_noise) in units of the half-range of the bounds."""
+    return (actions + noise * action_scale).clamp(low, high)
+
+
+def critic_update(batch, target_actor, critic, target_critic, q_optimizer, args: Args):
+    """One critic gradient step towards the TD target, TD3's (target policy smoothing, clipped double Q) or DDPG's.
+    Returns [qf1_loss, qf2_loss, qf1_values] as a tensor on the device, so the caller sums it without a host sync."""
+    obs, actions, rewards, next_obs, terminations = batch
+    with torch.no_grad():
+        next_actions = target_actor(next_obs)
+        if args.target_policy_smoothing:
+            noise = torch.randn_like(next_actions) * args.policy_noise
+            low, high = target_actor.action_low, target_actor.action_high
+            next_actions = smoothed_target_actions(next_actions, noise, args.noise_clip, target_actor.action_scale, low, high)
+        targets = td_target(rewards, terminations, target_critic(next_obs, next_actions), args.gamma)
+    q = critic(obs, actions)
+    per_critic = ((q - targets) ** 2).mean(1)
+    q_optimizer.zero_grad(set_to_none=True)
+    per_critic.sum().backward()  # the sum: each critic gets the gradient of its own MSE
+    q_optimizer.step()
+    return torch.stack([per_critic[0], per_critic[-1], q[0].mean()]).detach()
+
+
+def actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, tau: float):
+    """The delayed step (Fujimoto et al. 2018, Algorithm 1): the actor ascends the first critic's Q, then the Polyak
+    updates of both targets. Returns the actor loss, detached."""
+    actor_loss = -critic(obs, actor(obs), critic.first_critic_frozen()).mean()
+    actor_optimizer.zero_grad(set_to_none=True)
+    actor_loss.backward()
+    actor_optimizer.step()
+    soft_update(target_actor, actor, tau)
+    soft_update(target_critic, critic, tau)
+    return actor_loss.detach()
+
+
+def training_steps(actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args: Args):
+    """The acting step, the critic update and the actor + target update: the three functions `--compile` hands to
+    torch.compile (as LeanRL's td3_continuous_action_torchcompile.py: the same code, traced once), or runs eagerly."""
+
+    def act(obs):
+        """The actor's action plus Gaussian exploration noise, clipped to the bounds."""
+        action = actor(obs)
+        noise = torch.randn_like(action) * args.exploration_noise
+        return exploration_actions(action, noise, actor.action_scale, actor.action_low, actor.action_high)
+
+    def update_critic(batch):
+        return critic_update(batch, target_actor, critic, target_critic, q_optimizer, args)
+
+    def update_actor(obs):
+        return actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, args.tau)
+
+    if not args.compile:
+        return act, update_critic, update_actor
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update_critic, mode=mode), torch.compile(update_actor, mode=mode)
+
+
+def select_actions(act, obs: torch.Tensor, bounds, rng: np.random.Generator, random_actions: bool) -> np.ndarray:
+    """Uniformly random actions within the bounds (low, high, ...) before learning starts, then those of `act` (the acting
+    step, or the deterministic actor in evaluation), clipped: tanh * scale + bias can pass a bound by a rounding error."""
+    low, high = bounds[0], bounds[1]
+    if random_actions:
+        return rng.uniform(low, high, (len(obs), len(low))).astype(np.float32)
+    with torch.no_grad():
+        return np.clip(act(obs).cpu().numpy(), low, high)
+
+
+def main(args: Args) -> None:
+    # --- set-up: checks, device, run directory, writer (start_run); the networks, optimisers and replay buffer ---
+    run = start_run(args)
+    device, writer, progress, N = run.device, run.writer, run.progress, args.num_envs
+    obs_dim, action_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.action_space.shape))
+    num_critics = 2 if args.twin_critics else 1
+    actor = Actor(obs_dim, run.action_space, args.hidden_size).to(device)
+    target_actor = Actor(obs_dim, run.action_space, args.hidden_size).to(device)
+    target_actor.load_state_dict(actor.state_dict())
+    critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
+    target_critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
+    target_critic.load_state_dict(critic.state_dict())
+    # fused: one kernel for all parameters; compiled, the rate is a tensor, not a constant traced into the Adam steps
+    lr = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
+    q_optimizer = torch.optim.Adam(critic.parameters(), lr=lr, fused=True)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=lr, fused=True)
+    act, update_critic, update_actor = training_steps(
+        actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args
+    )
+    explore_rng = np.random.default_rng(args.seed)  # the random actions; the exploration noise is torch's, in act
+    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device, args.seed)
+    nets = dict(model=actor, target_actor=target_actor, critic=critic, target_critic=target_critic)  # checkpoint keys
+    nets.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
+    global_step, critic_updates, train_from = 0, 0, args.learning_starts
+    if run.ckpt:  # weights, optimisers, counters, random states, and the replay buffer where --save-buffer kept it
+        global_step, critic_updates, train_from = restore_actor_critic(args, run, nets, explore_rng, rb)
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    envs = make_env(args.env_id, N, args.seed + global_step)
+    obs = float_tensor(envs.reset()[0], device)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    # [qf1_loss, qf2_loss, qf1_values, actor_loss] summed on the device, each step's at once: a CUDA graph's outputs
+    # (--cudagraphs) are overwritten by its next replay
+    stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
+    seconds = dict(env=0.0, acting=0.0, updates=0.0)  # where the training time goes, printed at the end
+
+    while global_step < args.total_timesteps:
+        # --- act: uniformly random until learning starts, then the actor plus exploration noise ---
+        global_step += N
+        with timed(seconds, "acting"):
+            actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
+        with timed(seconds, "env"):
+            next_obs_np, reward, term, trunc, _ = envs.step(actions)
+
+        # --- step and store: the reset step of the next-step autoreset (next_valid False) is never written ---
+        # after a truncation next_obs is the real final observation and terminated stays 0: the transition bootstraps
+        next_obs = float_tensor(next_obs_np, device)
+        actions_t, reward_t, term_t = float_tensor(actions, device), float_tensor(reward, device), float_tensor(term, device)
+        rb.add(obs, actions_t, reward_t, next_obs, term_t, next_valid)
+        obs = next_obs
+        done = term | trunc
+        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
+        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        next_valid = ~done
+
+        # --- learn: one gradient step per env step; the TD target inside critic_update, the actor delayed ---
+        if global_step > train_from:
+            with timed(seconds, "updates"):
+                for _ in range(N):
+                    critic_updates += 1
+                    batch = rb.sample(args.batch_size)
+                    stats[:3] += update_critic(batch)
+                    num_critic_stats += 1
+                    if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
+                        stats[3] += update_actor(batch[0])
+                        num_actor_stats += 1
+
+        # --- logging: one host sync per log interval ---
+        last = global_step >= args.total_timesteps
+        if crossed(global_step, N, args.log_every) or last:
+            if num_critic_stats:
+                qf1_loss, qf2_loss, qf1_values, actor_loss = stats.tolist()
+                writer.add_scalar("losses/qf1_loss", qf1_loss / num_critic_stats, global_step)
+                if args.twin_critics:
+                    writer.add_scalar("losses/qf2_loss", qf2_loss / num_critic_stats, global_step)
+                writer.add_scalar("losses/qf1_values", qf1_values / num_critic_stats, global_step)
+                if num_actor_stats:
+                    writer.add_scalar("losses/actor_loss", actor_loss / num_actor_stats, global_step)
+                stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
+            progress.log(writer, global_step, global_step, force=last)
+
+        # --- evaluation, checkpoint, stop requests ---
+        if crossed(global_step, N, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(actor, args, device, video_path(args, run.run_dir, global_step)), global_step)
+        if crossed(global_step, N, args.checkpoint_every) or run.stop:
+            write_checkpoint(args, run, nets, rb, explore_rng, global_step, critic_updates)
+        if run.stop:
+            stop_and_exit(run.stop, writer, envs, args, run.run_dir, f"step {global_step:,}")
+
+    # --- end: where the time went; the final actor saved, reloaded from disk and evaluated (--save-model) ---
+    end_run(args, run, envs, actor, critic, global_step, seconds)
+
+
+# The algorithm ends here; a learner may stop. Below: presets, envs, replay buffer, checks, then the shared run plumbing.
+# --- This file's machinery: presets, envs, the replay buffer, evaluation, storage, checks, start_run and end_run ---
+import contextlib
+import difflib
+import os
+import subprocess
+import sys
+import types
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
@@ -168,9 +391,7 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, algo=algo, **ALGOS[algo], **PRESETS.get(preset, {}))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
+# --- envs: spaces, construction, episode statistics ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -241,9 +462,7 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Replay buffer
-# ---------------------------------------------------------------------------------------------------------------
+# --- the replay buffer ---
 class ReplayBuffer:
     """Preallocated on the device: observation, action, reward, next observation and termination of each real
     transition. Sampling draws indices on the device with its own generator, so the update loop never waits on
@@ -291,177 +510,19 @@ class ReplayBuffer:
         self.pos, self.size = state["pos"], state["size"]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-# No orthogonal layer_init here: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default nn.Linear
-# initialisation (uniform in +-1/sqrt(fan_in)), and their results are the ones the presets reproduce.
-class Actor(nn.Module):
-    """Deterministic policy: a two-hidden-layer ReLU MLP whose tanh output is scaled to the env's action bounds."""
-
-    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int):
-        super().__init__()
-        action_dim = int(np.prod(action_space.shape))
-        self.network = nn.Sequential(
-            nn.Linear(obs_dim, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, action_dim),
-            nn.Tanh(),
-        )
-        # on the host even where the layers are built on another device (storage's meta device): bounds has numpy copies
-        low = torch.as_tensor(action_space.low, dtype=torch.float32, device="cpu")
-        high = torch.as_tensor(action_space.high, dtype=torch.float32, device="cpu")
-        self.register_buffer("action_low", low)
-        self.register_buffer("action_high", high)
-        self.register_buffer("action_scale", (high - low) / 2.0)
-        self.register_buffer("action_bias", (high + low) / 2.0)
-        self.bounds = (low.numpy(), high.numpy(), ((high - low) / 2.0).numpy())  # host copies, for acting
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network(x) * self.action_scale + self.action_bias
-
-
-class Critics(nn.Module):
-    """num_critics Q-networks Q(s, a) -> (num_critics, batch) computed as ONE batched MLP: each layer's weights
-    are stacked on a leading critic axis and applied with one batched matmul (torch.baddbmm), so TD3's twin critics
-    cost one forward and one backward pass instead of two."""
-
-    def __init__(self, obs_dim: int, action_dim: int, hidden: int, num_critics: int):
-        super().__init__()
-        sizes = [obs_dim + action_dim, hidden, hidden, 1]
-        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
-            bound = 1.0 / np.sqrt(fan_in)  # nn.Linear's default initialisation, for each critic
-            self.weights.append(nn.Parameter(torch.empty(num_critics, fan_in, fan_out).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(num_critics, 1, fan_out).uniform_(-bound, bound)))
-
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, params: list | None = None) -> torch.Tensor:
-        params = params if params is not None else list(zip(self.weights, self.biases, strict=True))
-        x = torch.cat([obs, actions], -1)
-        x = x.expand(params[0][0].shape[0], *x.shape)
-        for i, (w, b) in enumerate(params):
-            x = torch.baddbmm(b, x, w)
-            x = torch.relu(x) if i < len(params) - 1 else x
-        return x.squeeze(-1)
-
-    def first_critic_frozen(self) -> list:
-        """The first critic's weights, detached: the actor's loss backpropagates into the action only (as TD3.py,
-        the actor follows Q1), and no time goes into critic gradients that would be thrown away."""
-        return [(w[:1].detach(), b[:1].detach()) for w, b in zip(self.weights, self.biases, strict=True)]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def smoothed_target_actions(next_actions, noise, noise_clip: float, action_scale, low, high):
-    """TD3's target policy smoothing (Fujimoto et al. 2018, eq. 15): a' = clip(mu'(s') + clip(noise, -c, c) * scale,
-    low, high). `noise` is N(0, policy_noise) in units of the half-range of the bounds, like noise_clip."""
-    return (next_actions + noise.clamp(-noise_clip, noise_clip) * action_scale).clamp(low, high)
-
-
-def td_target(rewards, terminations, next_q, gamma: float):
-    """r + gamma * (1 - terminated) * min_i Q'_i(s', a') over the critics of next_q (num_critics, batch): with two,
-    TD3's clipped double Q; with one, DDPG's target.
-
-    A truncated transition has terminations 0 and bootstraps from the real final observation s'.
-    """
-    return rewards + gamma * (1.0 - terminations) * next_q.min(0).values
-
-
-def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
-    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
-    with torch.no_grad():
-        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
-
-
-def exploration_actions(actions, noise, action_scale, low, high):
-    """TD3's exploration (Fujimoto et al. 2018, Algorithm 1): a = clip(mu(s) + noise * scale, low, high). `noise` is
-    N(0, exploration_noise) in units of the half-range of the bounds."""
-    return (actions + noise * action_scale).clamp(low, high)
-
-
-def critic_update(batch, target_actor, critic, target_critic, q_optimizer, args: Args):
-    """One critic gradient step towards the TD target: TD3's with target policy smoothing and clipped double Q, or
-    DDPG's. Returns [qf1_loss, qf2_loss, qf1_values] as a tensor on the device, so the caller sums it without a host
-    sync."""
-    obs, actions, rewards, next_obs, terminations = batch
-    with torch.no_grad():
-        next_actions = target_actor(next_obs)
-        if args.target_policy_smoothing:
-            noise = torch.randn_like(next_actions) * args.policy_noise
-            next_actions = smoothed_target_actions(
-                next_actions,
-                noise,
-                args.noise_clip,
-                target_actor.action_scale,
-                target_actor.action_low,
-                target_actor.action_high,
-            )
-        targets = td_target(rewards, terminations, target_critic(next_obs, next_actions), args.gamma)
-    q = critic(obs, actions)
-    per_critic = ((q - targets) ** 2).mean(1)
-    q_optimizer.zero_grad(set_to_none=True)
-    per_critic.sum().backward()  # the sum: each critic gets the gradient of its own MSE
-    q_optimizer.step()
-    return torch.stack([per_critic[0], per_critic[-1], q[0].mean()]).detach()
-
-
-def actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, tau: float):
-    """The delayed step (Fujimoto et al. 2018, Algorithm 1): the actor ascends the first critic's Q, then the Polyak
-    updates of both targets. Returns the actor loss, detached."""
-    actor_loss = -critic(obs, actor(obs), critic.first_critic_frozen()).mean()
-    actor_optimizer.zero_grad(set_to_none=True)
-    actor_loss.backward()
-    actor_optimizer.step()
-    soft_update(target_actor, actor, tau)
-    soft_update(target_critic, critic, tau)
-    return actor_loss.detach()
-
-
-def training_steps(actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args: Args):
-    """The acting step, the critic update and the actor + target update, the three functions `--compile` hands to
-    torch.compile (LeanRL's td3_continuous_action_torchcompile.py: the same code, traced once); without it they run
-    eagerly, as written here."""
-
-    def act(obs):
-        """The actor's action plus Gaussian exploration noise, clipped to the bounds."""
-        action = actor(obs)
-        noise = torch.randn_like(action) * args.exploration_noise
-        return exploration_actions(action, noise, actor.action_scale, actor.action_low, actor.action_high)
-
-    def update_critic(batch):
-        return critic_update(batch, target_actor, critic, target_critic, q_optimizer, args)
-
-    def update_actor(obs):
-        return actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, args.tau)
-
-    if not args.compile:
-        return act, update_critic, update_actor
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update_critic, mode=mode), torch.compile(update_actor, mode=mode)
-
-
-def select_actions(act, obs: torch.Tensor, bounds, rng: np.random.Generator, random_actions: bool) -> np.ndarray:
-    """Uniformly random actions within the bounds (low, high, ...) before learning starts, then those of `act`: the
-    acting step, or the deterministic actor in evaluation (clipped here: tanh * scale + bias can pass a bound by a
-    rounding error)."""
-    low, high = bounds[0], bounds[1]
-    if random_actions:
-        return rng.uniform(low, high, (len(obs), len(low))).astype(np.float32)
-    with torch.no_grad():
-        return np.clip(act(obs).cpu().numpy(), low, high)
-
-
 def float_tensor(x: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.float32, device=device)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation and argument checks of this algorithm
-# ---------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def timed(seconds: dict, part: str):
+    """Adds the time spent inside to seconds[part] (the time split printed at the end of a run)."""
+    t0 = time.perf_counter()
+    yield
+    seconds[part] += time.perf_counter() - t0
+
+
+# --- evaluation, storage reckoning, argument checks ---
 def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
     """Play one full episode with the deterministic actor (no exploration noise) on each of args.eval_episodes envs.
     Returns the episodes' returns. Video: env 0's episode, when it renders.
@@ -559,20 +620,10 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.capture_video = False
 
 
-def time_split(seconds: dict, train_seconds: float) -> str:
-    """Where the training time went (benchmark/ddpg_td3.sh speed prints it)."""
-    shares = {k: 100 * v / max(train_seconds, 1e-9) for k, v in seconds.items()}
-    return (
-        f"time: env steps {shares['env']:.0f}%, acting {shares['acting']:.0f}%, updates {shares['updates']:.0f}%,"
-        f" replay writes and logging {100 - sum(shares.values()):.0f}%"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+# --- the set-up and the end of a run, and the state a checkpoint holds ---
+def start_run(args: Args) -> types.SimpleNamespace:
+    """Every check before the run directory is made, then the device, the checkpoint read, the run directory, writer,
+    progress line and stop requests; what main needs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     device = seed_and_device(args)
@@ -580,141 +631,67 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
-
-    obs_dim, action_dim, N = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)), args.num_envs
-    num_critics = 2 if args.twin_critics else 1
-    actor = Actor(obs_dim, action_space, args.hidden_size).to(device)
-    target_actor = Actor(obs_dim, action_space, args.hidden_size).to(device)
-    target_actor.load_state_dict(actor.state_dict())
-    critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
-    target_critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
-    target_critic.load_state_dict(critic.state_dict())
-    # fused: one kernel for all parameters instead of a loop over tensors; compiled, the rate is a tensor (as in
-    # ppo.py), not a constant traced into the Adam steps
-    lr = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
-    q_optimizer = torch.optim.Adam(critic.parameters(), lr=lr, fused=True)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=lr, fused=True)
-    act, update_critic, update_actor = training_steps(
-        actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args
-    )
-    explore_rng = np.random.default_rng(args.seed)  # the random actions; the exploration noise is torch's, in act
-    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device, args.seed)
-    global_step, critic_updates, train_from = 0, 0, args.learning_starts
-    if ckpt:
-        for net, key in (
-            (actor, "model"),
-            (target_actor, "target_actor"),
-            (critic, "critic"),
-            (target_critic, "target_critic"),
-        ):
-            net.load_state_dict(ckpt[key])
-        q_optimizer.load_state_dict(ckpt["q_optimizer"])
-        actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
-        global_step, critic_updates = ckpt["global_step"], ckpt["critic_updates"]
-        restore_rng(ckpt["rng"], device)
-        explore_rng.bit_generator.state = ckpt["rng"]["explore"]
-        rb.generator.set_state(ckpt["rng"]["buffer"])
-        saved_buffer = ckpt.pop("replay_buffer")
-        if saved_buffer is not None:
-            rb.load_state_dict(saved_buffer)
-        else:  # the experience is lost: gather learning_starts steps again before the next gradient step
-            train_from = global_step + args.learning_starts
-        refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps before the next update)"
-        print(f"resumed {run_dir} at step {global_step:,}" + ("" if saved_buffer is not None else refill))
+    global_step = ckpt["global_step"] if ckpt else 0
     writer = open_writer(run_dir, args, global_step if ckpt else None)
     progress = Progress(args, global_step, args.total_timesteps)
-    stop = stop_requests()
+    return types.SimpleNamespace(
+        obs_space=obs_space, action_space=action_space, device=device, ckpt=ckpt, run_dir=run_dir, writer=writer,
+        progress=progress, stop=stop_requests(),
+    )  # fmt: skip
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    envs = make_env(args.env_id, N, args.seed + global_step)
-    obs = float_tensor(envs.reset()[0], device)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    # [qf1_loss, qf2_loss, qf1_values, actor_loss] summed on the device, each step's at once: a CUDA graph's outputs
-    # (--cudagraphs) are overwritten by its next replay
-    stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
-    seconds = dict(env=0.0, acting=0.0, updates=0.0)
 
-    while global_step < args.total_timesteps:
-        # --- acting: uniformly random until learning starts, then the actor plus exploration noise ---
-        global_step += N
-        t0 = time.perf_counter()
-        actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
-        t1 = time.perf_counter()
-        next_obs_np, reward, term, trunc, _ = envs.step(actions)
-        t2 = time.perf_counter()
-        seconds["acting"], seconds["env"] = seconds["acting"] + t1 - t0, seconds["env"] + t2 - t1
-        # next_obs is the real final observation after a truncation (the reset comes on the next step), and a
-        # truncated transition keeps terminated 0: it bootstraps; the reset step (next_valid False) is not written
-        next_obs = float_tensor(next_obs_np, device)
-        rb.add(
-            obs, float_tensor(actions, device), float_tensor(reward, device), next_obs, float_tensor(term, device), next_valid
-        )
-        obs = next_obs
-        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-            ep_return, ep_length, reward, next_valid, term | trunc
-        )
-        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
-        next_valid = ~(term | trunc)
+def restore_actor_critic(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> tuple[int, int, int]:
+    """A resume: the networks and optimisers, the counters, the random states and the replay buffer where the checkpoint
+    has it; returns global_step, critic_updates and the step after which updates start again."""
+    ckpt = run.ckpt
+    for key, net in nets.items():
+        net.load_state_dict(ckpt[key])
+    global_step, critic_updates, train_from = ckpt["global_step"], ckpt["critic_updates"], args.learning_starts
+    restore_rng(ckpt["rng"], run.device)
+    explore_rng.bit_generator.state = ckpt["rng"]["explore"]
+    rb.generator.set_state(ckpt["rng"]["buffer"])
+    saved_buffer = ckpt.pop("replay_buffer")
+    if saved_buffer is not None:
+        rb.load_state_dict(saved_buffer)
+    else:  # the experience is lost: gather learning_starts steps again before the next gradient step
+        train_from = global_step + args.learning_starts
+    refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps before the next update)"
+    print(f"resumed {run.run_dir} at step {global_step:,}" + ("" if saved_buffer is not None else refill))
+    return global_step, critic_updates, train_from
 
-        # --- update: one gradient step per env step ---
-        if global_step > train_from:
-            t0 = time.perf_counter()
-            for _ in range(N):
-                critic_updates += 1
-                batch = rb.sample(args.batch_size)
-                stats[:3] += update_critic(batch)
-                num_critic_stats += 1
-                if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
-                    stats[3] += update_actor(batch[0])
-                    num_actor_stats += 1
-            seconds["updates"] += time.perf_counter() - t0
 
-        # --- logging: one host sync per log interval ---
-        last = global_step >= args.total_timesteps
-        if crossed(global_step, N, args.log_every) or last:
-            if num_critic_stats:
-                qf1_loss, qf2_loss, qf1_values, actor_loss = stats.tolist()
-                writer.add_scalar("losses/qf1_loss", qf1_loss / num_critic_stats, global_step)
-                if args.twin_critics:
-                    writer.add_scalar("losses/qf2_loss", qf2_loss / num_critic_stats, global_step)
-                writer.add_scalar("losses/qf1_values", qf1_values / num_critic_stats, global_step)
-                if num_actor_stats:
-                    writer.add_scalar("losses/actor_loss", actor_loss / num_actor_stats, global_step)
-                stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
-            progress.log(writer, global_step, global_step, force=last)
+def write_checkpoint(args: Args, run, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int, critic_updates: int):
+    """runs/<run>/checkpoint.pt: the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states."""
+    rng = dict(rng_state(run.device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state())
+    save_checkpoint(
+        os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+        **{key: net.state_dict() for key, net in nets.items()},
+        replay_buffer=rb.state_dict() if args.save_buffer else None,
+        global_step=global_step, critic_updates=critic_updates, rng=rng,
+    )  # fmt: skip
+    if run.stop and not args.save_buffer:
+        print(f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps")
 
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, N, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(actor, args, device, video_path(args, run_dir, global_step)), global_step)
-        if crossed(global_step, N, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                model=actor.state_dict(), target_actor=target_actor.state_dict(), critic=critic.state_dict(),
-                target_critic=target_critic.state_dict(), q_optimizer=q_optimizer.state_dict(),
-                actor_optimizer=actor_optimizer.state_dict(), replay_buffer=rb.state_dict() if args.save_buffer else None,
-                global_step=global_step, critic_updates=critic_updates,
-                rng=dict(rng_state(device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state()),
-            )  # fmt: skip
-        if stop:
-            if not args.save_buffer:
-                print(
-                    f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps"
-                )
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
 
-    # --- final model: saved, reloaded from disk, evaluated ---
+def end_run(args: Args, run: types.SimpleNamespace, envs, actor: Actor, critic: Critics, global_step: int, seconds: dict):
+    """The envs closed, where the training time went (benchmark/ddpg_td3.sh speed prints it); with --save-model the
+    final actor saved, reloaded from disk and evaluated; then the run's end."""
     envs.close()
-    print(time_split(seconds, time.time() - progress.start_time - progress.paused_seconds))
+    train_seconds = max(time.time() - run.progress.start_time - run.progress.paused_seconds, 1e-9)
+    shares = {k: 100 * v / train_seconds for k, v in seconds.items()}
+    print(
+        f"time: env steps {shares['env']:.0f}%, acting {shares['acting']:.0f}%, updates {shares['updates']:.0f}%,"
+        f" replay writes and logging {100 - sum(shares.values()):.0f}%"
+    )
     if args.save_model:
-        model_path = os.path.join(run_dir, f"{args.algo}.model")
-        save_checkpoint(model_path, "model", args, run_dir, model=actor.state_dict(), critic=critic.state_dict())
+        model_path = os.path.join(run.run_dir, f"{args.algo}.model")
+        save_checkpoint(model_path, "model", args, run.run_dir, model=actor.state_dict(), critic=critic.state_dict())
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_actor = Actor(obs_dim, action_space, args.hidden_size).to(device)
+        eval_actor = Actor(int(np.prod(run.obs_space.shape)), run.action_space, args.hidden_size).to(run.device)
         eval_actor.load_state_dict(state["model"])
-        log_final_eval(writer, evaluate(eval_actor, args, device, video_path(args, run_dir)), global_step, model_path)
-    finish(writer, run_dir)
+        returns = evaluate(eval_actor, args, run.device, video_path(args, run.run_dir))
+        log_final_eval(run.writer, returns, global_step, model_path)
+    finish(run.writer, run.run_dir)
 
 
 # ===============================================================================================================

@@ -1,89 +1,25 @@
-"""DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016); benchmark: `bash benchmark/dqn.sh`."""
+"""DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016); benchmark: `bash benchmark/dqn.sh`.
 
-import ast
-import contextlib
-import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
-import os
-import random
-import re
-import signal
-import subprocess
-import sys
+Reading guide: the algorithm first (Args, the Q-network, the maths, the update step, main's training loop), up to the
+line `# The algorithm ends here`; below it, this file's machinery (presets, envs, the replay buffer, evaluation, checks,
+start_run and end_run), then the run plumbing all eight algorithm files share.
+"""
+
 import time
-import types
-import typing
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
-import tyro
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
-    exp_name: str = "dqn"
-    """name of this experiment, part of the run directory name"""
-    env_id: str = "CartPole-v1"
-    """envpool id (CartPole-v1, Breakout-v5, ...) or any gymnasium id with Discrete actions, including 'module:Env-v0'"""
-    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """who steps the envs: envpool (C++ worker threads) or a gymnasium vector env in this process; auto takes
-    gymnasium for classic-control envs whose Python steps together cost less than envpool's hand-off to its threads
-    (PYTHON_STEP_US: up to 8 CartPoles, 2 Acrobots) and do not render, and envpool for everything else it has"""
-    preset: Literal["auto", "classic", "atari"] = "auto"
-    """defaults that reproduce a family's reference: classic (CleanRL dqn.py), atari (CleanRL dqn_atari.py: 10M steps,
-    1M buffer, lr 1e-4, batch 32, train every 4 steps, target copy every 1000); auto picks atari for image observations"""
-    seed: int = 1
-    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = True
-    """use CUDA when it is available"""
-    compile: bool = False
-    """torch.compile the greedy acting step and the TD update (inductor, on CPU and CUDA; the first steps pay the
-    compile time, which inductor caches on disk for later runs): off by default, the eager code is the one to read.
-    On a CPU the classic MLP runs slower compiled: a compiled step on one observation costs more in guards than the few
-    eager operations it replaces, and most of a step is Python and env work (docs/speed.md); on a GPU it pays"""
-    cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
-    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/dqn.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_epsilon: float = 0.05
-    """evaluation is epsilon-greedy with this epsilon (CleanRL's evaluation: 0.05), so that a greedy Atari policy
-    that never presses FIRE cannot stall until the time limit"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    save_buffer: bool = False
-    """put the replay buffer in checkpoint.pt (about 7 GB for the Atari preset); without it, the experience gathered so
-    far is lost and a resumed run refills the buffer for --learning-starts steps before training again (a gap of that
-    many steps in its loss curve)"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_every: int = 1000
-    """env steps between the loss, epsilon and SPS scalars"""
-
-    # --- algorithm ---
+    # --- algorithm (the classic preset's values; --preset, below the marker, sets others for Atari) ---
     total_timesteps: int = 500_000
-    """total env steps over all envs; raised on --resume, it extends a finished or stopped run (epsilon's schedule then
-    follows the new total from the step the run resumes at)"""
+    """total env steps over all envs; raised on --resume, it extends a finished or stopped run"""
     learning_rate: float = 2.5e-4
     """Adam learning rate"""
     num_envs: int = 1
@@ -111,8 +47,7 @@ class Args:
     double_q: bool = False
     """Double DQN (van Hasselt et al. 2016): the online network picks the next action, the target network values it"""
     loss: Literal["mse", "huber"] = "mse"
-    """TD loss: mse as CleanRL's dqn.py and dqn_atari.py (whose results the presets reproduce); huber is the error
-    clipping of Mnih et al. 2015"""
+    """TD loss: mse as CleanRL's dqn.py and dqn_atari.py, whose results the presets reproduce; huber as Mnih et al. 2015"""
     max_grad_norm: float = 0.0
     """global gradient norm clip (0: none, as CleanRL and Mnih et al. 2015)"""
     episodic_life: bool = True
@@ -120,6 +55,255 @@ class Args:
     reward_clip: bool = True
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
 
+    # --- run settings ---
+    exp_name: str = "dqn"
+    """name of this experiment, part of the run directory name"""
+    env_id: str = "CartPole-v1"
+    """envpool id (CartPole-v1, Breakout-v5, ...) or any gymnasium id with Discrete actions, including 'module:Env-v0'"""
+    env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
+    """who steps the envs: envpool's C++ threads or gymnasium in this process; auto: gymnasium for a few classic envs"""
+    preset: Literal["auto", "classic", "atari"] = "auto"
+    """defaults of a reference: classic (CleanRL dqn.py), atari (CleanRL dqn_atari.py); auto: atari for image observations"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the greedy acting step and the TD update: slower on a CPU, faster on a GPU (docs/dqn.md)"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/dqn.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_epsilon: float = 0.05
+    """evaluation is epsilon-greedy with this epsilon (as CleanRL), so that an Atari policy that never fires cannot stall"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    save_buffer: bool = False
+    """checkpoint the buffer too, or a resumed run refills the buffer for --learning-starts steps before training again"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_every: int = 1000
+    """env steps between the loss, epsilon and SPS scalars"""
+
+
+# No orthogonal layer_init here: CleanRL's dqn.py and dqn_atari.py keep PyTorch's default nn.Linear / nn.Conv2d
+# initialisation (weights and biases uniform in +-1/sqrt(fan_in)), and theirs are the results the presets reproduce
+class QNetwork(nn.Module):
+    """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP (CleanRL
+    dqn.py) for vector observations."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+        super().__init__()
+        obs_shape, n_actions = obs_space.shape, int(action_space.n)
+        if len(obs_shape) == 3:
+            encoder = nn.Sequential(
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            with torch.no_grad():
+                n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
+            self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, n_actions))
+            self.scale = 1.0 / 255.0
+        else:
+            # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
+            hidden = [nn.Linear(obs_shape[0], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU()]
+            self.network = nn.Sequential(*hidden, nn.Linear(84, n_actions))
+            self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()  # frames stay uint8 in the buffer and become float only here
+        return self.network(x * self.scale if self.scale != 1.0 else x)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    """Epsilon from start_e at step 0 to end_e at step `duration`, then constant (Mnih et al. 2015)."""
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+def td_target(rewards, terminations, next_q_target, gamma: float, next_q_online=None):
+    """r + gamma * (1 - terminated) * Q_target(s', a'): the target network's max (DQN), or, given the online
+    network's next Q-values, its argmax valued by the target network (Double DQN, van Hasselt et al. 2016). A truncated
+    transition has terminations 0 and bootstraps from the real final observation s'."""
+    if next_q_online is None:
+        next_value = next_q_target.max(1).values
+    else:
+        next_value = next_q_target.gather(1, next_q_online.argmax(1, keepdim=True)).squeeze(1)
+    return rewards + gamma * next_value * (1.0 - terminations)
+
+
+def q_loss(q_values, actions, targets, loss: str):
+    """TD loss of the taken actions' Q-values; returns (loss, mean Q of the taken actions)."""
+    q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
+    if loss == "huber":
+        value = nn.functional.smooth_l1_loss(q_taken, targets)
+    else:
+        value = nn.functional.mse_loss(q_taken, targets)
+    return value, q_taken.mean()
+
+
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
+    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+
+
+def select_actions(act, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
+    """Epsilon-greedy per env, `act` giving the greedy actions (the argmax of the Q-values); the network runs only when
+    some env acts greedily, and random actions are drawn only for the envs that explore."""
+    explore = rng.random(obs.shape[0]) < epsilon
+    if explore.all():
+        return rng.integers(0, n_actions, obs.shape[0])
+    with torch.no_grad():
+        actions = act(obs).cpu().numpy()
+    if explore.any():
+        actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
+    return actions
+
+
+def training_steps(q_network: QNetwork, target_network: QNetwork, optimizer: torch.optim.Optimizer, args: Args):
+    """The greedy acting step and the TD update, the two functions `--compile` hands to torch.compile (LeanRL's
+    approach: the same code, traced once); without it they run eagerly, as written here."""
+
+    def act(obs):
+        """The greedy action of each env: the argmax of its Q-values."""
+        return q_network(obs).argmax(1)
+
+    def update(obs, actions, rewards, next_obs, terminations):
+        """One batch: the TD target, the loss, its gradient (norm clipped when asked), an Adam step; returns
+        [loss, mean Q of the taken actions]."""
+        with torch.no_grad():
+            next_q_online = q_network(next_obs) if args.double_q else None
+            targets = td_target(rewards, terminations, target_network(next_obs), args.gamma, next_q_online)
+        loss, q_mean = q_loss(q_network(obs), actions, targets, args.loss)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return torch.stack([loss, q_mean]).detach()
+
+    if not args.compile:
+        return act, update
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
+
+
+def main(args: Args) -> None:
+    # --- set-up: checks, device, run directory, writer (start_run); the networks, optimiser and replay buffer ---
+    run = start_run(args)
+    obs_space, action_space, device, writer, progress = run.obs_space, run.action_space, run.device, run.writer, run.progress
+    N, n_actions = args.num_envs, int(action_space.n)
+    q_network = QNetwork(obs_space, action_space).to(device)
+    target_network = QNetwork(obs_space, action_space).to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    # fused: one kernel for all parameters, a third faster than the per-tensor loop on small networks; torch.compile
+    # cannot trace the fused kernel (it would run eagerly between two graphs), so compiled, inductor fuses the foreach one
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=not args.compile)
+    act, update = training_steps(q_network, target_network, optimizer, args)
+    explore_rng, buffer_rng = exploration_and_replay_rngs(args.seed)  # epsilon-greedy draws; replay samples
+    # replay buffer: envpool Atari frames are stored once and restacked, other observations whole
+    stack = obs_space.shape[0] if atari_run(args.env_id, N, args.env_backend) else 1
+    obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
+    rb = ReplayBuffer(args.buffer_size // N, N, obs_space.shape, obs_dtype, stack, buffer_rng)
+    global_step, train_from = 0, args.learning_starts
+    if run.ckpt:  # weights, Adam's state, random states, and the replay buffer where --save-buffer kept it
+        global_step, train_from = restore_training(args, run, q_network, target_network, optimizer, explore_rng, rb)
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
+    obs_np = envs.reset()[0]
+    rb.start(obs_np)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    # per-update [loss, mean Q], summed on the device and averaged when logged; summed at once, since a CUDA graph's
+    # outputs (--cudagraphs) are overwritten by its next replay
+    stats, num_updates = torch.zeros(2, device=device), 0
+    env_seconds, update_seconds = 0.0, 0.0
+    duration = args.exploration_fraction * args.total_timesteps  # env steps over which epsilon decays
+
+    while global_step < args.total_timesteps:
+        # --- act: epsilon-greedy, one step of every env ---
+        global_step += N
+        epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
+        actions = select_actions(act, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
+        t0 = time.perf_counter()
+        next_obs_np, reward, term, trunc, info = envs.step(actions)
+        env_seconds += time.perf_counter() - t0
+
+        # --- step and store: the transition into the replay buffer, the finished episodes into the logs ---
+        # next_obs is the real final observation after a truncation (the reset comes on the next step)
+        rb.add(actions, reward, term, next_valid, next_obs_np, next_first)
+        obs_np = next_obs_np
+        episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
+        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
+            ep_return, ep_length, score, next_valid, episode_end
+        )
+        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        next_valid, next_first = ~(term | trunc), episode_end
+
+        # --- learn: one TD update (targets, loss, Adam step) per train_frequency env steps, then the target network ---
+        if global_step > train_from:
+            t0 = time.perf_counter()
+            for _ in range(global_step // args.train_frequency - (global_step - N) // args.train_frequency):
+                stats += update(*rb.sample(args.batch_size, device))
+                num_updates += 1
+            # eager, not in the compiled update: one fused lerp every target_network_frequency steps, and the update
+            # would otherwise trace the schedule's branch (or recompile on it)
+            if crossed(global_step, N, args.target_network_frequency):
+                soft_update(target_network, q_network, args.tau)
+            update_seconds += time.perf_counter() - t0
+
+        # --- logging: one host sync per log interval ---
+        last = global_step >= args.total_timesteps
+        if crossed(global_step, N, args.log_every) or last:
+            if num_updates:
+                td_loss, q_values = (stats / num_updates).tolist()
+                writer.add_scalar("losses/td_loss", td_loss, global_step)
+                writer.add_scalar("losses/q_values", q_values, global_step)
+                stats, num_updates = torch.zeros(2, device=device), 0
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            progress.log(writer, global_step, global_step, force=last)
+
+        # --- evaluation, checkpoint, stop requests ---
+        if crossed(global_step, N, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(q_network, args, device, video_path(args, run.run_dir, global_step)), global_step)
+        if crossed(global_step, N, args.checkpoint_every) or run.stop:
+            write_checkpoint(args, run, q_network, target_network, optimizer, rb, explore_rng, global_step)
+        if run.stop:
+            stop_and_exit(run.stop, writer, envs, args, run.run_dir, f"step {global_step:,}")
+
+    # --- end: where the time went; the final model saved, reloaded from disk and evaluated (end_run, below) ---
+    end_run(args, run, envs, q_network, global_step, env_seconds, update_seconds)
+
+
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, buffer, checks), then the shared plumbing.
+
+
+# --- This file's machinery: presets, envs, the replay buffer, evaluation, checks, the set-up and the end of a run ---
+import difflib
+import os
+import subprocess
+import sys
+import types
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
@@ -178,9 +362,7 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
+# --- envs: spaces, backend, construction, episode statistics ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -234,11 +416,9 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
 
 
 def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, backend: str, render=False):
-    """A vector env with next-step autoreset, from the backend pick_backend chooses.
-
-    Returns (envs, is_atari). After a step that ends an episode, the next step ignores its action and returns
-    reward 0 and the first observation of the next episode; that step never enters the replay buffer.
-    """
+    """A vector env with next-step autoreset, from the backend pick_backend chooses; returns (envs, is_atari). After a
+    step that ends an episode, the next step ignores its action and returns reward 0 and the next episode's first
+    observation; that step never enters the replay buffer."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
         is_atari = hasattr(envpool.make_spec(env_id).config, "episodic_life")
@@ -298,24 +478,15 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Replay buffer
-# ---------------------------------------------------------------------------------------------------------------
+# --- the replay buffer ---
 class ReplayBuffer:
-    """Preallocated replay memory holding each observation once, in time order per env.
+    """Preallocated replay memory holding each observation once, in time order per env (docs/dqn.md, detail 11).
 
-    Slot t of env e holds the observation the env returned at its step t (for envpool Atari only the newest 84x84
-    frame of the 4-frame stack), with the action taken from it, the reward, the termination flag, and whether
-    t -> t+1 is a real transition. The next observation of slot t is slot t+1, so nothing is stored twice: a 1M
-    Atari buffer is 1M frames (7 GB) instead of 2M stacks (56 GB). The reset step of the next-step autoreset
-    occupies no transition: the final observation's slot is marked not valid, since its successor is the next
-    episode's first observation.
-
-    Stacks are rebuilt as envpool 1.2.5 builds them (tests/test_dqn.py checks this against envpool): after a full
-    reset (game over or truncation) the stack is four copies of the first frame, so the slot is marked `first`
-    and no older frame is read through it; after a life loss under episodic life the stack carries on across
-    the reset step, so a life loss is no boundary for frames. The `stack - 1` oldest slots of a full buffer are
-    not sampled, since their stacks reach into overwritten slots.
+    Slot t of env e holds the observation of its step t (envpool Atari: only the newest frame of the stack), the action
+    taken from it, the reward, the termination flag, and whether t -> t+1 is a real transition (not the reset step of
+    the next-step autoreset); the next observation of slot t is slot t+1. Stacks are rebuilt as envpool 1.2.5 builds
+    them (tests/test_dqn.py checks it): four copies of the first frame after a full reset (a slot marked `first`), and
+    carried on across a life loss. The `stack - 1` oldest slots of a full buffer reach into overwritten ones: not sampled.
     """
 
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple, obs_dtype, stack: int, rng):
@@ -413,89 +584,6 @@ class ReplayBuffer:
         self.pos, self.size = state["pos"], state["size"]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-# No orthogonal layer_init here: CleanRL's dqn.py and dqn_atari.py keep PyTorch's default nn.Linear / nn.Conv2d
-# initialisation (weights and biases uniform in +-1/sqrt(fan_in)), and theirs are the results the presets reproduce
-# (ddpg_td3.py does the same for TD3).
-class QNetwork(nn.Module):
-    """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP (CleanRL
-    dqn.py) for vector observations."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
-        super().__init__()
-        obs_shape, n_actions = obs_space.shape, int(action_space.n)
-        if len(obs_shape) == 3:
-            encoder = nn.Sequential(
-                nn.Conv2d(obs_shape[0], 32, 8, stride=4),
-                nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2),
-                nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
-            with torch.no_grad():
-                n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
-            self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, n_actions))
-            self.scale = 1.0 / 255.0
-        else:
-            # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
-            self.network = nn.Sequential(
-                nn.Linear(obs_shape[0], 120),
-                nn.ReLU(),
-                nn.Linear(120, 84),
-                nn.ReLU(),
-                nn.Linear(84, n_actions),
-            )
-            self.scale = 1.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in the buffer and become float only here
-        x = x.float()
-        return self.network(x * self.scale if self.scale != 1.0 else x)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
-    """Epsilon from start_e at step 0 to end_e at step `duration`, then constant (Mnih et al. 2015)."""
-    slope = (end_e - start_e) / duration
-    return max(slope * t + start_e, end_e)
-
-
-def td_target(rewards, terminations, next_q_target, gamma: float, next_q_online=None):
-    """r + gamma * (1 - terminated) * Q_target(s', a'): the target network's max (DQN), or, given the online
-    network's next Q-values, its argmax valued by the target network (Double DQN, van Hasselt et al. 2016).
-
-    A truncated transition has terminations 0 and bootstraps from the real final observation s'.
-    """
-    if next_q_online is None:
-        next_value = next_q_target.max(1).values
-    else:
-        next_value = next_q_target.gather(1, next_q_online.argmax(1, keepdim=True)).squeeze(1)
-    return rewards + gamma * next_value * (1.0 - terminations)
-
-
-def q_loss(q_values, actions, targets, loss: str):
-    """TD loss of the taken actions' Q-values; returns (loss, mean Q of the taken actions)."""
-    q_taken = q_values.gather(1, actions.unsqueeze(1)).squeeze(1)
-    if loss == "huber":
-        value = nn.functional.smooth_l1_loss(q_taken, targets)
-    else:
-        value = nn.functional.mse_loss(q_taken, targets)
-    return value, q_taken.mean()
-
-
-def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
-    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
-    with torch.no_grad():
-        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
-
-
 def exploration_and_replay_rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
     """Generators for the epsilon-greedy coins and random actions, and for the replay buffer's samples: independent
     streams spawned from one seed, not two generators seeded alike that would draw the same numbers."""
@@ -503,54 +591,10 @@ def exploration_and_replay_rngs(seed: int) -> tuple[np.random.Generator, np.rand
     return np.random.default_rng(explore_seed), np.random.default_rng(buffer_seed)
 
 
-def select_actions(act, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
-    """Epsilon-greedy per env, `act` giving the greedy actions (the argmax of the Q-values); the network runs only when
-    some env acts greedily, and random actions are drawn only for the envs that explore."""
-    explore = rng.random(obs.shape[0]) < epsilon
-    if explore.all():
-        return rng.integers(0, n_actions, obs.shape[0])
-    with torch.no_grad():
-        actions = act(obs).cpu().numpy()
-    if explore.any():
-        actions[explore] = rng.integers(0, n_actions, int(explore.sum()))
-    return actions
-
-
-def training_steps(q_network: QNetwork, target_network: QNetwork, optimizer: torch.optim.Optimizer, args: Args):
-    """The greedy acting step and the TD update, the two functions `--compile` hands to torch.compile (LeanRL's
-    approach: the same code, traced once); without it they run eagerly, as written here."""
-
-    def act(obs):
-        """The greedy action of each env: the argmax of its Q-values."""
-        return q_network(obs).argmax(1)
-
-    def update(obs, actions, rewards, next_obs, terminations):
-        """One batch: the TD target, the loss, its gradient (norm clipped when asked), an Adam step; returns
-        [loss, mean Q of the taken actions]."""
-        with torch.no_grad():
-            next_q_online = q_network(next_obs) if args.double_q else None
-            targets = td_target(rewards, terminations, target_network(next_obs), args.gamma, next_q_online)
-        loss, q_mean = q_loss(q_network(obs), actions, targets, args.loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if args.max_grad_norm > 0:
-            nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-        optimizer.step()
-        return torch.stack([loss, q_mean]).detach()
-
-    if not args.compile:
-        return act, update
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation and argument checks of this algorithm
-# ---------------------------------------------------------------------------------------------------------------
+# --- evaluation, storage reckoning, argument checks ---
 def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
     """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs,
-    epsilon-greedy with args.eval_epsilon. Returns the episodes' returns. Video: env 0's episode, when it renders.
-    """
+    epsilon-greedy with args.eval_epsilon. Returns the episodes' returns. Video: env 0's episode, when it renders."""
     envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, video is not None)
     rng = np.random.default_rng(args.seed + 100_000)  # its own generator: evaluating does not change training
     n_actions = int(envs.single_action_space.n)
@@ -571,12 +615,9 @@ def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str |
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): the Q-network with its gradients
-    and Adam's moments, and the target network, on the training device; the replay buffer in host memory (ReplayBuffer:
-    envpool Atari frames once, other observations whole; an action, a reward, a termination and two flags per slot); one
-    batch's observations and next observations through the Q-network and the target network on the training device
-    (float32 input and activations, with a fifth more for their gradients, as ppo.py measured on Breakout); the env pool.
-    """
+    """What the run will store, reckoned before anything is allocated (check_storage): the networks, Adam's moments and
+    the gradients on the device; the replay buffer in host memory (as ReplayBuffer lays it out); a batch through both
+    networks (float32 input and activations, a fifth more for gradients, as ppo.py measured on Breakout); the env pool."""
     N, shape = args.num_envs, "x".join(map(str, obs_space.shape))
     is_atari = atari_run(args.env_id, N, args.env_backend)
     frame_size = int(np.prod(obs_space.shape[1:] if is_atari else obs_space.shape))
@@ -648,11 +689,10 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.capture_video = False
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+# --- the set-up and the end of a run, and the state a checkpoint holds ---
+def start_run(args: Args) -> types.SimpleNamespace:
+    """Every check before the run directory is made (spaces, flags, storage), then the device, the checkpoint of a
+    --resume, the run directory, the writer, the progress line and the stop requests: what main's loop needs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     device = seed_and_device(args)
@@ -660,133 +700,63 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
+    writer = open_writer(run_dir, args, ckpt["global_step"] if ckpt else None)
+    progress = Progress(args, ckpt["global_step"] if ckpt else 0, args.total_timesteps)
+    run = dict(obs_space=obs_space, action_space=action_space, device=device, ckpt=ckpt, run_dir=run_dir, writer=writer)
+    return types.SimpleNamespace(**run, progress=progress, stop=stop_requests())
 
-    q_network = QNetwork(obs_space, action_space).to(device)
-    target_network = QNetwork(obs_space, action_space).to(device)
-    target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters, a third faster than the per-tensor loop on small networks; torch.compile
-    # cannot trace the fused kernel (it would run eagerly between two graphs), so compiled, inductor fuses the foreach one
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=not args.compile)
-    act, update = training_steps(q_network, target_network, optimizer, args)
-    explore_rng, buffer_rng = exploration_and_replay_rngs(args.seed)
-    global_step = 0
-    if ckpt:
-        q_network.load_state_dict(ckpt["model"])
-        target_network.load_state_dict(ckpt["target_model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        global_step = ckpt["global_step"]
-        restore_rng(ckpt["rng"], device)
-        explore_rng.bit_generator.state = ckpt["rng"]["explore"]
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
-    progress = Progress(args, global_step, args.total_timesteps)
-    stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    N, n_actions = args.num_envs, int(action_space.n)
-    envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
+def restore_training(args: Args, run, q_network, target_network, optimizer, explore_rng, rb: ReplayBuffer) -> tuple[int, int]:
+    """A resume: both networks, Adam's state, the random states, and the replay buffer where the checkpoint has it;
+    returns global_step and the step after which gradient steps start again."""
+    ckpt = run.ckpt
+    q_network.load_state_dict(ckpt["model"])
+    target_network.load_state_dict(ckpt["target_model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    global_step, train_from = ckpt["global_step"], args.learning_starts
+    restore_rng(ckpt["rng"], run.device)
+    explore_rng.bit_generator.state = ckpt["rng"]["explore"]
+    rb.rng.bit_generator.state = ckpt["rng"]["buffer"]
+    saved_buffer = ckpt.pop("replay_buffer")
+    if saved_buffer is not None:
+        rb.load_state_dict(saved_buffer)
+    else:  # the experience is lost: gather learning_starts steps again before the next gradient step
+        train_from = max(train_from, global_step + args.learning_starts)
+    refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps)" if saved_buffer is None else ""
+    print(f"resumed {run.run_dir} at step {global_step:,}{refill}")
+    return global_step, train_from
 
-    # replay buffer: envpool Atari frames are stored once and restacked, other observations whole
-    stack = obs_space.shape[0] if is_atari else 1
-    obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
-    rb = ReplayBuffer(args.buffer_size // N, N, obs_space.shape, obs_dtype, stack, buffer_rng)
-    train_from = args.learning_starts
-    if ckpt:
-        rb.rng.bit_generator.state = ckpt["rng"]["buffer"]
-        saved_buffer = ckpt.pop("replay_buffer")
-        if saved_buffer is not None:
-            rb.load_state_dict(saved_buffer)
-        else:  # the experience is lost: gather learning_starts steps again before the next gradient step
-            train_from = max(train_from, global_step + args.learning_starts)
-        refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps)" if saved_buffer is None else ""
-        print(f"resumed {run_dir} at step {global_step:,}{refill}")
 
-    obs_np = envs.reset()[0]
-    rb.start(obs_np)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    # per-update [loss, mean Q], summed on the device and averaged when logged; summed at once, since a CUDA graph's
-    # outputs (--cudagraphs) are overwritten by its next replay
-    stats, num_updates = torch.zeros(2, device=device), 0
-    env_seconds, update_seconds = 0.0, 0.0
-    duration = args.exploration_fraction * args.total_timesteps
-
-    while global_step < args.total_timesteps:
-        # --- acting: epsilon-greedy, one step of every env into the replay buffer ---
-        global_step += N
-        epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-        actions = select_actions(act, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
-        t0 = time.perf_counter()
-        next_obs_np, reward, term, trunc, info = envs.step(actions)
-        env_seconds += time.perf_counter() - t0
-        # next_obs is the real final observation after a truncation (the reset comes on the next step)
-        rb.add(actions, reward, term, next_valid, next_obs_np, next_first)
-        obs_np = next_obs_np
-        episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-            ep_return, ep_length, score, next_valid, episode_end
+def write_checkpoint(args: Args, run, q_network, target_network, optimizer, rb: ReplayBuffer, explore_rng, global_step: int):
+    """runs/<run>/checkpoint.pt: both networks, Adam's state, the replay buffer with --save-buffer, the random states."""
+    save_checkpoint(
+        os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+        model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict(),
+        replay_buffer=rb.state_dict() if args.save_buffer else None, global_step=global_step,
+        rng={**rng_state(run.device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state},
+    )  # fmt: skip
+    if run.stop and not args.save_buffer:  # said at a stop, just before the resume command
+        print(
+            f"the replay buffer is not in the checkpoint (no --save-buffer): the resumed run refills it for "
+            f"--learning-starts {args.learning_starts:,} steps before training again"
         )
-        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
-        next_valid, next_first = ~(term | trunc), episode_end
 
-        # --- targets and update: one gradient step per train_frequency env steps, then the target network ---
-        if global_step > train_from:
-            t0 = time.perf_counter()
-            for _ in range(global_step // args.train_frequency - (global_step - N) // args.train_frequency):
-                stats += update(*rb.sample(args.batch_size, device))
-                num_updates += 1
-            # eager, not in the compiled update: one fused lerp every target_network_frequency steps, and the update
-            # would otherwise trace the schedule's branch (or recompile on it)
-            if crossed(global_step, N, args.target_network_frequency):
-                soft_update(target_network, q_network, args.tau)
-            update_seconds += time.perf_counter() - t0
 
-        # --- logging: one host sync per log interval ---
-        last = global_step >= args.total_timesteps
-        if crossed(global_step, N, args.log_every) or last:
-            if num_updates:
-                td_loss, q_values = (stats / num_updates).tolist()
-                writer.add_scalar("losses/td_loss", td_loss, global_step)
-                writer.add_scalar("losses/q_values", q_values, global_step)
-                stats, num_updates = torch.zeros(2, device=device), 0
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            progress.log(writer, global_step, global_step, force=last)
-
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, N, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(q_network, args, device, video_path(args, run_dir, global_step)), global_step)
-        if crossed(global_step, N, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict(),
-                replay_buffer=rb.state_dict() if args.save_buffer else None, global_step=global_step,
-                rng={**rng_state(device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state},
-            )  # fmt: skip
-        if stop:
-            if not args.save_buffer:
-                print(
-                    f"the replay buffer is not in the checkpoint (no --save-buffer): the resumed run refills it for "
-                    f"--learning-starts {args.learning_starts:,} steps before training again"
-                )
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
-
+def end_run(args: Args, run, envs, q_network, global_step: int, env_seconds: float, update_seconds: float) -> None:
+    """Where the training time went; with --save-model, the final model saved, reloaded from disk and evaluated."""
     envs.close()
-    train_seconds = max(time.time() - progress.start_time - progress.paused_seconds, 1e-9)
-    print(
-        f"time: env steps {100 * env_seconds / train_seconds:.0f}%, updates {100 * update_seconds / train_seconds:.0f}%,"
-        f" acting and replay writes {100 * (1 - (env_seconds + update_seconds) / train_seconds):.0f}%"
-    )
-
-    # --- final model: saved, reloaded from disk, evaluated ---
+    train_seconds = max(time.time() - run.progress.start_time - run.progress.paused_seconds, 1e-9)
+    env, updates = 100 * env_seconds / train_seconds, 100 * update_seconds / train_seconds
+    print(f"time: env steps {env:.0f}%, updates {updates:.0f}%, acting and replay writes {100 - env - updates:.0f}%")
     if args.save_model:
-        model_path = os.path.join(run_dir, "dqn.model")
-        save_checkpoint(model_path, "model", args, run_dir, model=q_network.state_dict())
+        model_path = os.path.join(run.run_dir, "dqn.model")
+        save_checkpoint(model_path, "model", args, run.run_dir, model=q_network.state_dict())
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_network = QNetwork(obs_space, action_space).to(device)
+        eval_network = QNetwork(run.obs_space, run.action_space).to(run.device)
         eval_network.load_state_dict(state["model"])
-        log_final_eval(writer, evaluate(eval_network, args, device, video_path(args, run_dir)), global_step, model_path)
-    finish(writer, run_dir)
+        returns = evaluate(eval_network, args, run.device, video_path(args, run.run_dir))
+        log_final_eval(run.writer, returns, global_step, model_path)
+    finish(run.writer, run.run_dir)
 
 
 # ===============================================================================================================

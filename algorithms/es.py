@@ -1,46 +1,49 @@
-"""OpenAI evolution strategies (Salimans et al. 2017), one envpool batch per population; benchmark: `bash benchmark/es.sh`."""
+"""OpenAI evolution strategies (Salimans et al. 2017), one envpool batch per population; benchmark: `bash benchmark/es.sh`.
 
-import ast
-import contextlib
-import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
+Reading guide: the algorithm comes first, down to the line that begins `# The algorithm ends here`: Args, the policy
+and its batched population form, the maths (antithetic perturbation, centered ranks, the ES gradient, observation
+statistics), one generation's rollout, and `main`, the loop of generations. Below that line: this file's machinery
+(presets, envs, torchrun, evaluation, checks), then the run plumbing all eight files share.
+"""
+
 import os
-import random
-import re
-import signal
-import subprocess
-import sys
-import time
-import traceback
-import types
-import typing
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.distributed as dist
 import tyro
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
+    # --- algorithm ---
+    num_generations: int = 100
+    """generations (one update of the mean parameters each); may be raised on --resume to extend a finished run"""
+    population_size: int = 256
+    """members per generation over all processes: antithetic pairs, so even (and a multiple of 2 x processes)"""
+    sigma: float = 0.02
+    """standard deviation of the parameter noise"""
+    learning_rate: float = 0.01
+    """Adam step size"""
+    l2_coef: float = 0.005
+    """L2 weight decay coefficient, added to the (sigma-scaled) ES gradient as in Salimans et al.'s code"""
+    hidden_sizes: tuple[int, ...] = (32, 32)
+    """widths of the policy's tanh hidden layers, each in [1, 16384] (none: a linear policy)"""
+    norm_obs: bool = True
+    """normalise observations with running statistics gathered from the rollouts (clipped to +-5)"""
+    max_episode_steps: int = 0
+    """horizon: steps per member's episode at most (0: the env's own time limit)"""
+
+    # --- run settings ---
     exp_name: str = "es"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
     """envpool id (CartPole-v1, Pendulum-v1, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
     preset: Literal["auto", "classic", "mujoco"] = "auto"
-    """defaults for a family: classic (256 members, 32-32 tanh MLP, 100 generations), mujoco (Salimans et al. 2017's
-    Humanoid configuration: 256-256 tanh MLP, sigma 0.02, L2 0.005, Adam 0.01; 256 members, 500 generations);
-    auto picks mujoco for Box actions, classic otherwise"""
+    """defaults for a family: classic (32-32 MLP, 100 generations), mujoco (256-256, 500); auto: mujoco for Box actions"""
     seed: int = 1
     """seed of python, numpy, torch, the noise and the envs; on CPU the same seed gives the same run to the bit"""
     torch_deterministic: bool = True
@@ -62,24 +65,6 @@ class Args:
     progress_interval: float = 5.0
     """seconds between progress lines"""
 
-    # --- algorithm ---
-    num_generations: int = 100
-    """generations (one update of the mean parameters each); may be raised on --resume to extend a finished run"""
-    population_size: int = 256
-    """members per generation over all processes: antithetic pairs, so even (and a multiple of 2 x processes)"""
-    sigma: float = 0.02
-    """standard deviation of the parameter noise"""
-    learning_rate: float = 0.01
-    """Adam step size"""
-    l2_coef: float = 0.005
-    """L2 weight decay coefficient, added to the (sigma-scaled) ES gradient as in Salimans et al.'s code"""
-    hidden_sizes: tuple[int, ...] = (32, 32)
-    """widths of the policy's tanh hidden layers, each in [1, 16384] (none: a linear policy)"""
-    norm_obs: bool = True
-    """normalise observations with running statistics gathered from the rollouts (clipped to +-5)"""
-    max_episode_steps: int = 0
-    """horizon: steps per member's episode at most (0: the env's own time limit)"""
-
     # --- computed at start-up ---
     horizon: tyro.conf.Suppress[int] = 0
     """max_episode_steps or the env's time limit (computed)"""
@@ -87,12 +72,252 @@ class Args:
     """processes sharing the population, WORLD_SIZE under torchrun (computed)"""
 
 
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
+# --- the policy, one member alone and the whole population in one batched pass ---
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Policy(nn.Module):
+    """Deterministic tanh MLP, one member alone: logits (Discrete, acted on by argmax) or pre-tanh actions (Box).
+
+    ES perturbs the flat vector of its parameters (parameters_to_vector order: weight, bias per layer)."""
+
+    def __init__(self, obs_dim: int, n_out: int, hidden_sizes: tuple[int, ...]):
+        super().__init__()
+        layers, n_in = [], obs_dim
+        for width in hidden_sizes:
+            layers += [layer_init(nn.Linear(n_in, width)), nn.Tanh()]
+            n_in = width
+        layers.append(layer_init(nn.Linear(n_in, n_out), std=0.01))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        return [(m.out_features, m.in_features) for m in self.net if isinstance(m, nn.Linear)]
+
+
+def stack_layers(thetas: torch.Tensor, layer_shapes: list[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(P, D) flat parameters -> per layer (weights (P, in, out), biases (P, 1, out)), contiguous, ready for baddbmm."""
+    layers, offset, num = [], 0, thetas.shape[0]
+    for n_out, n_in in layer_shapes:
+        w = thetas[:, offset : offset + n_out * n_in].reshape(num, n_out, n_in).transpose(1, 2).contiguous()
+        offset += n_out * n_in
+        b = thetas[:, offset : offset + n_out].reshape(num, 1, n_out).contiguous()
+        offset += n_out
+        layers.append((w, b))
+    return layers
+
+
+def population_forward(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    """Every member's network on its own observation in one batched pass: x (P, obs_dim) -> (P, n_out)."""
+    h = x.unsqueeze(1)
+    for i, (w, b) in enumerate(layers):
+        if w.shape[1] <= 8:  # few inputs (a classic control observation): multiply-and-sum beats the CPU's bmm 2x
+            h = (h.transpose(1, 2) * w).sum(1, keepdim=True) + b
+        else:
+            h = torch.baddbmm(b, h, w)
+        if i < len(layers) - 1:
+            h = torch.tanh(h)
+    return h.squeeze(1)
+
+
+def to_action(out: torch.Tensor, low: torch.Tensor | None, high: torch.Tensor | None) -> torch.Tensor:
+    """Discrete: the argmax. Box: tanh scaled to the bounds."""
+    if low is None:
+        return out.argmax(-1)
+    return low + (torch.tanh(out) + 1.0) * 0.5 * (high - low)
+
+
+# --- the maths: observation statistics, noise, antithetic perturbation, centered ranks, the ES gradient ---
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+def update_from_sums(rms: "RunningMeanStd", total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
+    """Merge the sums of x and x^2 over count observations into rms (what the processes exchange, not the observations)."""
+    if count <= 0:
+        return
+    batch_mean = total / count
+    batch_var = (total_sq / count - batch_mean**2).clamp(min=0.0)
+    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, batch_mean, batch_var, count)
+
+
+def normalize_frozen(obs: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, clip: float = 5.0) -> torch.Tensor:
+    # Salimans et al.'s code clips normalised observations to +-5
+    return ((obs - shift) / scale).clamp(-clip, clip)
+
+
+def pair_noise(seed: int, generation: int, pairs: range, dim: int, device: torch.device) -> torch.Tensor:
+    """Noise of the given pairs, (len(pairs), dim), regenerated from their seeds (so processes exchange no noise)."""
+    noise = torch.empty((len(pairs), dim), device=device)
+    gen = torch.Generator(device=device)
+    for row, pair in enumerate(pairs):
+        gen.manual_seed(pair_seed(seed, generation, pair))
+        noise[row] = torch.randn(dim, generator=gen, device=device)
+    return noise
+
+
+def perturb(theta: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Antithetic population: member 2j is theta + sigma eps_j, member 2j + 1 is theta - sigma eps_j. (2 pairs, D)."""
+    signed = torch.stack([noise, -noise], dim=1).reshape(-1, noise.shape[1])
+    return theta.unsqueeze(0) + sigma * signed
+
+
+def centered_ranks(fitness: torch.Tensor) -> torch.Tensor:
+    """Fitness shaping of Salimans et al. 2017: ranks 0..P-1 scaled to [-0.5, 0.5]; ties share their mean rank (the
+    starter code breaks them by sort order), so a pair whose members score the same pushes nowhere."""
+    num = fitness.numel()
+    order = torch.argsort(fitness, stable=True)
+    ranks = torch.empty(num, dtype=torch.float64, device=fitness.device)
+    ranks[order] = torch.arange(num, dtype=torch.float64, device=fitness.device)
+    _, inverse, counts = torch.unique(fitness, return_inverse=True, return_counts=True)
+    mean_rank = torch.zeros(counts.numel(), dtype=torch.float64, device=fitness.device).index_add_(0, inverse, ranks)
+    return (mean_rank / counts)[inverse] / (num - 1) - 0.5
+
+
+def es_gradient(shaped: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The ES estimate of grad E[F(theta + sigma eps)]: 1 / (P sigma) sum_i F_i eps_i over the antithetic population
+    (eps_2j = eps_j, eps_2j+1 = -eps_j), i.e. sum_j (F_2j - F_2j+1) eps_j / (P sigma)."""
+    weights = (shaped[0::2] - shaped[1::2]).to(noise.dtype)
+    return weights @ noise / (shaped.numel() * sigma)
+
+
+def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device):
+    """Each env plays one episode with its member's parameters, all in one batch; the steps after a member's done (a
+    reset step, then a new episode) do not count. Returns (members, 2 + 2 obs_dim) float64 rows, what the processes
+    exchange: return, length, the sums of the observations acted on and of their squares; and the env steps taken."""
+    obs, _ = envs.reset()
+    num = obs.shape[0]
+    alive = np.ones(num, dtype=bool)
+    fitness, lengths = np.zeros(num), np.zeros(num)
+    obs_sum, obs_sq = np.zeros(obs.shape), np.zeros(obs.shape)
+    steps = 0
+    for _ in range(horizon):
+        o = np.asarray(obs, dtype=np.float64) * alive[:, None]
+        obs_sum += o
+        obs_sq += o * o
+        x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
+        with torch.no_grad():
+            action = to_action(population_forward(layers, x), low, high).cpu().numpy()
+        obs, reward, term, trunc, _ = envs.step(action)
+        steps += num
+        fitness += np.where(alive, reward, 0.0)
+        lengths += alive
+        alive &= ~(term | trunc)
+        if not alive.any():
+            break
+    return np.concatenate([fitness[:, None], lengths[:, None], obs_sum, obs_sq], axis=1), steps
+
+
+def main(args: Args) -> None:
+    # --- set-up: checks, processes, device, storage, checkpoint, run directory, writer (machinery below the marker) ---
+    run = start_run(args)  # under torchrun, one process per share of the population; only process 0 writes
+    rank, device, writer, progress = run.rank, run.device, run.writer, run.progress
+    continuous = isinstance(run.action_space, gym.spaces.Box)
+    obs_dim = run.obs_space.shape[0]
+    n_out = int(np.prod(run.action_space.shape)) if continuous else int(run.action_space.n)
+
+    # the same seed gives every process the same initial parameters, theta, which ES perturbs as one flat vector
+    policy = Policy(obs_dim, n_out, args.hidden_sizes)
+    theta = nn.utils.parameters_to_vector(policy.parameters()).detach().to(device).requires_grad_(True)
+    policy = policy.to(device)
+    # Adam's defaults are the starter code's (beta1 0.9, beta2 0.999, epsilon 1e-8)
+    optimizer = torch.optim.Adam([theta], lr=args.learning_rate)
+    obs_rms = RunningMeanStd((obs_dim,), device) if args.norm_obs else None
+    global_step, start_generation = restore_generation(run, policy, theta, optimizer, obs_rms)  # (0, 1) unless resumed
+
+    # this process's slice of the population: members first_member .. first_member + members - 1
+    members = args.population_size // args.world_size
+    first_member = rank * members
+    my_pairs, all_pairs = range(first_member // 2, (first_member + members) // 2), range(args.population_size // 2)
+    low, high = tanh_bounds(run.action_space, device)  # (None, None) for Discrete actions: the argmax acts
+    layer_shapes = policy.layer_shapes()
+
+    for generation in range(start_generation, args.num_generations + 1):
+        # --- perturb: this process's slice of the antithetic population, the noise regenerated from seeds ---
+        with torch.no_grad():
+            noise = pair_noise(args.seed, generation, all_pairs, theta.numel(), device)
+            thetas = perturb(theta.detach(), noise[my_pairs.start : my_pairs.stop], args.sigma)
+            layers = stack_layers(thetas, layer_shapes)
+        shift, scale = frozen_normalizer(obs_rms, obs_dim, device)
+
+        # --- evaluate the population: one episode per member, the slice in one batch; env i plays first_member + i ---
+        envs = make_env(args.env_id, members, generation_env_seed(args.seed, generation) + first_member)
+        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device)
+        envs.close()
+        # torchrun: the processes exchange fitness, length and observation sums per member, nothing else
+        results = gather_rows(torch.as_tensor(results, device=device), args.world_size)
+        fitness, lengths = results[:, 0], results[:, 1]
+
+        # --- ranks and gradient, then the update: weight decay and Adam ---
+        with torch.no_grad():
+            grad = es_gradient(centered_ranks(fitness), noise, args.sigma)
+            # the starter code feeds Adam -g + l2coeff * theta with g = sum_i F_i eps_i / P, i.e. sigma * grad
+            theta.grad = -(args.sigma * grad) + args.l2_coef * theta.detach()
+        optimizer.step()
+        if obs_rms is not None:  # the next generation's statistics, from every member's real steps
+            update_from_sums(obs_rms, results[:, 2 : 2 + obs_dim].sum(0), results[:, 2 + obs_dim :].sum(0), lengths.sum())
+        host = torch.cat([fitness, lengths, grad.norm().double()[None]]).cpu().numpy()  # one host sync per generation
+        P = args.population_size
+        ep_returns, ep_lengths, grad_norm = host[:P], host[P : 2 * P], host[-1]
+        global_step += int(ep_lengths.sum())
+
+        # --- logging (process 0): every member's episode, then the generation's aggregates ---
+        if rank == 0:
+            progress.log_episodes(writer, ep_returns, ep_lengths, global_step)
+            writer.add_scalar("charts/population_mean_return", ep_returns.mean(), global_step)
+            writer.add_scalar("charts/max_return", ep_returns.max(), global_step)
+            writer.add_scalar("losses/grad_norm", grad_norm, global_step)
+            extra = f" | population mean {ep_returns.mean():.1f} max {ep_returns.max():.1f} | step {global_step:,}"
+            progress.log(writer, global_step, generation, extra, force=generation == args.num_generations)
+
+        # --- evaluation of the unperturbed mean policy (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(generation, 1, args.eval_every):
+            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+            with progress.paused():
+                log_eval(
+                    writer, evaluate(policy, obs_rms, args, device, video_path(args, run.run_dir, generation)), global_step
+                )
+        stopping = stop_everywhere(run.stop, args.world_size, device)  # torchrun: the same answer on every process
+        if rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stopping):
+            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+            save_checkpoint(
+                os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+                model=policy.state_dict(), optimizer=optimizer.state_dict(),
+                obs_rms=obs_rms.state_dict() if obs_rms else None,
+                global_step=global_step, generation=generation, rng=rng_state(device),
+            )  # fmt: skip
+        if stopping:
+            stop_processes_and_exit(run.stop, writer, args, run.run_dir, f"generation {generation} (step {global_step:,})")
+
+    # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (process 0) ---
+    end_run(args, run, policy, theta, obs_rms, global_step)
+
+
+# The algorithm ends here. Below: machinery (presets, envs, torchrun, checks), then shared plumbing; a learner may stop here.
+# --- This file's machinery: the imports only it uses (the shared block below imports os, sys, signal and more) ---
+import difflib
+import subprocess
+import traceback
+import types
+
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+
+# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning
 CHECKPOINT_FORMAT = 1
 
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-# (hidden_sizes, a tuple, is checked in check_args against MAX_WIDTH)
+# The meaningful range of every numeric flag, checked by parse_args first (hidden_sizes: check_args, against MAX_WIDTH)
 RANGES = dict(
     seed="[0, 1e9]",
     eval_every="[0, inf)",
@@ -108,9 +333,7 @@ RANGES = dict(
 )
 MAX_WIDTH = 16384  # a hidden layer's widest: far beyond the 64 to 256 units of Salimans et al.'s policies
 
-# A preset only changes defaults: any flag given on the command line wins. The mujoco preset is the Humanoid
-# configuration of Salimans et al.'s code (evolution-strategies-starter, configurations/humanoid.json); their
-# population was at least 10,000 episodes a generation on 1,440 CPUs, ours is one envpool batch.
+# A preset only changes defaults (a flag given wins); mujoco is evolution-strategies-starter's configurations/humanoid.json
 PRESETS = {
     "classic": dict(),
     "mujoco": dict(num_generations=500, hidden_sizes=(256, 256)),
@@ -126,9 +349,7 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
+# --- envs ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -164,23 +385,14 @@ def time_limit(env_id: str) -> int:
 
 
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
-    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
-
-    Env i is seeded with seed + i (envpool and gymnasium alike), so a member's env depends only on its index.
-    After a step that ends an episode, the next step ignores its action and returns reward 0 and the first
-    observation of the next episode; the rollout masks that step and everything after it out.
-    """
+    """A vector env with next-step autoreset (the rollout masks the reset step out): envpool when it has the id,
+    gymnasium otherwise. Env i is seeded with seed + i, so a member's env depends only on its index."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if envpool_has(env_id):
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **render_kwargs)
     # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
-    envs = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
-        **render_kwargs,
-    )
+    next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **render_kwargs)
     envs.reset(seed=seed)
     return envs
 
@@ -195,83 +407,17 @@ def can_render(env_id: str) -> bool:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
+def generation_env_seed(seed: int, generation: int) -> int:
+    """Env seed of member 0 in `generation` (member m's: this + m); fresh envs every generation (docs/es.md, detail 5)."""
+    return int(np.random.SeedSequence([seed, generation]).generate_state(1)[0] % 2**30)
 
 
-class Policy(nn.Module):
-    """Deterministic tanh MLP, one member alone: logits (Discrete, acted on by argmax) or pre-tanh actions (Box).
-
-    ES perturbs the flat vector of its parameters (parameters_to_vector order: weight, bias per layer)."""
-
-    def __init__(self, obs_dim: int, n_out: int, hidden_sizes: tuple[int, ...]):
-        super().__init__()
-        layers, n_in = [], obs_dim
-        for width in hidden_sizes:
-            layers += [layer_init(nn.Linear(n_in, width)), nn.Tanh()]
-            n_in = width
-        layers.append(layer_init(nn.Linear(n_in, n_out), std=0.01))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-    def layer_shapes(self) -> list[tuple[int, int]]:
-        return [(m.out_features, m.in_features) for m in self.net if isinstance(m, nn.Linear)]
+def pair_seed(seed: int, generation: int, pair: int) -> int:
+    """The seed of antithetic pair `pair`'s noise in `generation`: a function of those alone, not of the process."""
+    return int(np.random.SeedSequence([seed, generation, pair]).generate_state(1, np.uint64)[0] >> 1)
 
 
-def stack_layers(thetas: torch.Tensor, layer_shapes: list[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(P, D) flat parameters -> per layer (weights (P, in, out), biases (P, 1, out)), ready for baddbmm.
-
-    Made contiguous once per generation: the rollout reads every member's weights at every step."""
-    layers, offset, num = [], 0, thetas.shape[0]
-    for n_out, n_in in layer_shapes:
-        w = thetas[:, offset : offset + n_out * n_in].reshape(num, n_out, n_in).transpose(1, 2).contiguous()
-        offset += n_out * n_in
-        b = thetas[:, offset : offset + n_out].reshape(num, 1, n_out).contiguous()
-        offset += n_out
-        layers.append((w, b))
-    return layers
-
-
-def population_forward(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
-    """Every member's network on its own observation in one batched pass: x (P, obs_dim) -> (P, n_out)."""
-    h = x.unsqueeze(1)
-    for i, (w, b) in enumerate(layers):
-        if w.shape[1] <= 8:  # few inputs (a classic control observation): multiply-and-sum beats the CPU's bmm 2x
-            h = (h.transpose(1, 2) * w).sum(1, keepdim=True) + b
-        else:
-            h = torch.baddbmm(b, h, w)
-        if i < len(layers) - 1:
-            h = torch.tanh(h)
-    return h.squeeze(1)
-
-
-def to_action(out: torch.Tensor, low: torch.Tensor | None, high: torch.Tensor | None) -> torch.Tensor:
-    """Discrete: the argmax. Box: tanh scaled to the bounds."""
-    if low is None:
-        return out.argmax(-1)
-    return low + (torch.tanh(out) + 1.0) * 0.5 * (high - low)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Running statistics for observation normalisation
-# ---------------------------------------------------------------------------------------------------------------
-def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
-    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
-    delta = batch_mean - mean
-    total = count + batch_count
-    new_mean = mean + delta * batch_count / total
-    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
-    return new_mean, m2 / total, total
-
-
+# --- running statistics, gathered over the processes under torchrun ---
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
     process: its own rows, as they are."""
@@ -305,15 +451,6 @@ class RunningMeanStd:
         self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
 
 
-def update_from_sums(rms: RunningMeanStd, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
-    """Merge the sums of x and x^2 over count observations into rms (what the processes exchange, not the observations)."""
-    if count <= 0:
-        return
-    batch_mean = total / count
-    batch_var = (total_sq / count - batch_mean**2).clamp(min=0.0)
-    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, batch_mean, batch_var, count)
-
-
 def frozen_normalizer(rms: RunningMeanStd | None, obs_dim: int, device: torch.device):
     """(shift, scale) in float32, fixed for a generation: every member of a generation sees the same statistics."""
     if rms is None:
@@ -321,192 +458,7 @@ def frozen_normalizer(rms: RunningMeanStd | None, obs_dim: int, device: torch.de
     return rms.mean.float(), torch.sqrt(rms.var + 1e-8).float()
 
 
-def normalize_frozen(obs: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, clip: float = 5.0) -> torch.Tensor:
-    # Salimans et al.'s code clips normalised observations to +-5
-    return ((obs - shift) / scale).clamp(-clip, clip)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def pair_seed(seed: int, generation: int, pair: int) -> int:
-    """The seed of antithetic pair `pair`'s noise in `generation`: a function of those alone, not of the process."""
-    return int(np.random.SeedSequence([seed, generation, pair]).generate_state(1, np.uint64)[0] >> 1)
-
-
-def pair_noise(seed: int, generation: int, pairs: range, dim: int, device: torch.device) -> torch.Tensor:
-    """Noise of the given pairs, (len(pairs), dim), regenerated from their seeds (so processes exchange no noise)."""
-    noise = torch.empty((len(pairs), dim), device=device)
-    gen = torch.Generator(device=device)
-    for row, pair in enumerate(pairs):
-        gen.manual_seed(pair_seed(seed, generation, pair))
-        noise[row] = torch.randn(dim, generator=gen, device=device)
-    return noise
-
-
-def generation_env_seed(seed: int, generation: int) -> int:
-    """Env seed of member 0 in `generation`; member m's env gets this + m. Fresh envs every generation: how many
-    steps an env takes after its member is done depends on the other members of its batch, and must not change
-    the next episode's start (then 1 and N processes, and a resumed run, play the same episodes)."""
-    return int(np.random.SeedSequence([seed, generation]).generate_state(1)[0] % 2**30)
-
-
-def perturb(theta: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Antithetic population: member 2j is theta + sigma eps_j, member 2j + 1 is theta - sigma eps_j. (2 pairs, D)."""
-    signed = torch.stack([noise, -noise], dim=1).reshape(-1, noise.shape[1])
-    return theta.unsqueeze(0) + sigma * signed
-
-
-def centered_ranks(fitness: torch.Tensor) -> torch.Tensor:
-    """Fitness shaping of Salimans et al. 2017: ranks 0..P-1 scaled to [-0.5, 0.5].
-
-    Ties share their mean rank (the starter code breaks them by sort order), so an antithetic pair whose two
-    members score the same, common on CartPole where many reach the time limit, pushes nowhere."""
-    num = fitness.numel()
-    order = torch.argsort(fitness, stable=True)
-    ranks = torch.empty(num, dtype=torch.float64, device=fitness.device)
-    ranks[order] = torch.arange(num, dtype=torch.float64, device=fitness.device)
-    _, inverse, counts = torch.unique(fitness, return_inverse=True, return_counts=True)
-    mean_rank = torch.zeros(counts.numel(), dtype=torch.float64, device=fitness.device).index_add_(0, inverse, ranks)
-    return (mean_rank / counts)[inverse] / (num - 1) - 0.5
-
-
-def es_gradient(shaped: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
-    """The ES estimate of grad E[F(theta + sigma eps)]: 1 / (P sigma) sum_i F_i eps_i over the antithetic population
-    (eps_2j = eps_j, eps_2j+1 = -eps_j), i.e. sum_j (F_2j - F_2j+1) eps_j / (P sigma)."""
-    weights = (shaped[0::2] - shaped[1::2]).to(noise.dtype)
-    return weights @ noise / (shaped.numel() * sigma)
-
-
-def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device):
-    """Each env plays one episode with its member's parameters, all members in one batch, until every member is done
-    or the horizon is reached. With next-step autoreset the step after a member's done is a reset step, and the
-    steps after it belong to a new episode: none of them count, in its return, length or observation statistics.
-
-    Returns fitness (float64), lengths, per-member sums of the observations acted on and of their squares, as one
-    (members, 2 + 2 obs_dim) float64 array (what the processes exchange), and the env steps taken (done or not).
-    """
-    obs, _ = envs.reset()
-    num = obs.shape[0]
-    alive = np.ones(num, dtype=bool)
-    fitness, lengths = np.zeros(num), np.zeros(num)
-    obs_sum, obs_sq = np.zeros(obs.shape), np.zeros(obs.shape)
-    steps = 0
-    for _ in range(horizon):
-        o = np.asarray(obs, dtype=np.float64) * alive[:, None]
-        obs_sum += o
-        obs_sq += o * o
-        x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
-        with torch.no_grad():
-            action = to_action(population_forward(layers, x), low, high).cpu().numpy()
-        obs, reward, term, trunc, _ = envs.step(action)
-        steps += num
-        fitness += np.where(alive, reward, 0.0)
-        lengths += alive
-        alive &= ~(term | trunc)
-        if not alive.any():
-            break
-    return np.concatenate([fitness[:, None], lengths[:, None], obs_sum, obs_sq], axis=1), steps
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation and argument checks of this algorithm
-# ---------------------------------------------------------------------------------------------------------------
-def evaluate(policy: Policy, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
-    """Play one full episode (up to the horizon) of the policy on each of args.eval_episodes envs.
-
-    Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
-    """
-    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
-    space = envs.single_action_space
-    low, high = (None, None)
-    if isinstance(space, gym.spaces.Box):
-        low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in (space.low, space.high))
-    shift, scale = frozen_normalizer(obs_rms, int(np.prod(envs.single_observation_space.shape)), device)
-    obs, _ = envs.reset()
-    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
-    for _ in range(args.horizon):
-        if video is not None and not finished[0]:
-            frames.append(np.asarray(envs.render())[0])
-        with torch.no_grad():
-            x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
-            action = to_action(policy(x), low, high).cpu().numpy()
-        obs, reward, term, trunc, _ = envs.step(action)
-        returns += np.where(finished, 0.0, reward)  # each env's first episode only
-        finished |= term | trunc
-        if finished.all():
-            break
-    envs.close()
-    write_video(video, frames)
-    return returns
-
-
-def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): on the training device, the
-    network's mean parameters theta with their gradient and Adam's two moments, the ES gradient, and the policy module's
-    own parameters until the first evaluation or checkpoint makes them views of theta (the reloaded policy's after
-    training); a generation's float32 noise (one row per antithetic pair of the whole population) and this process's
-    members' parameters twice (flat, and as layers stacked for baddbmm); the env pool of this process's members."""
-    members = args.population_size // args.world_size
-    n_out = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
-    one = network_bytes(lambda: Policy(obs_space.shape[0], n_out, args.hidden_sizes), trained=False)
-    dim, layers = one // 4, args.hidden_sizes
-    sizes = " ".join(map(str, layers)) if len(layers) <= 4 else f"of {len(layers)} layers, up to {max(layers)} wide"
-    network = f"the network (--hidden-sizes {sizes or '(none)'}, {dim:,} parameters: theta, its gradient and Adam's moments"
-    return {
-        f"{network}, the ES gradient, the policy)": (
-            network_bytes(lambda: Policy(obs_space.shape[0], n_out, args.hidden_sizes)) + 2 * one, device,
-            "lower --hidden-sizes"),
-        f"the population (--population-size {args.population_size} x {dim:,} parameters)": (
-            4 * dim * (args.population_size // 2 + 2 * members), device,
-            "lower --population-size or --hidden-sizes, or spread the population over more processes with torchrun"),
-        f"the env pool ({members} members)": (
-            env_pool_bytes(args.env_id, members), torch.device("cpu"), "lower --population-size"),
-    }  # fmt: skip
-
-
-def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    """What the ranges alone cannot tell: the env's spaces and horizon, the hidden sizes, and the population's split
-    over the processes (WORLD_SIZE, set by torchrun)."""
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        fail(f"es.py handles Discrete and Box action spaces, and {args.env_id} has {action_space}; pick an env with one")
-    if isinstance(action_space, gym.spaces.Box) and not np.isfinite(np.r_[action_space.low, action_space.high]).all():
-        fail(f"es.py scales tanh to the action bounds, and {args.env_id}'s are not finite; pick an env with bounded actions")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"es.py needs a vector observation, and {args.env_id} has {obs_space}; pick an env with Box(n,) observations")
-    refuse_meaningless(args, [
-        (("preset",), {"num_generations", "hidden_sizes"} <= getattr(args, "typed", frozenset()),
-         "only sets the defaults of --num-generations and --hidden-sizes, and both are given"),
-        (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
-         "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-    ])  # fmt: skip
-    sizes = " ".join(map(str, args.hidden_sizes))
-    if any(width < 1 for width in args.hidden_sizes):
-        fail(f"--hidden-sizes {sizes} has a width below 1; pass positive widths, e.g. --hidden-sizes 32 32")
-    if any(width > MAX_WIDTH for width in args.hidden_sizes):
-        fail(f"--hidden-sizes {sizes} has a width above {MAX_WIDTH}; pass widths of at most {MAX_WIDTH}")
-    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    pair_split = 2 * args.world_size
-    if args.population_size % pair_split:
-        fail(
-            f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
-            f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // pair_split) * pair_split}"
-        )
-    args.horizon = args.max_episode_steps or time_limit(args.env_id)
-    if args.horizon < 1:
-        fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
-    # only process 0 evaluates, so only it needs to know
-    if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):
-        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
-            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
-# ---------------------------------------------------------------------------------------------------------------
+# --- several processes (torchrun): what one process alone does not need ---
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
     """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
     enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
@@ -600,136 +552,162 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the population ---
+# --- evaluation, storage reckoning, argument checks ---
+def tanh_bounds(space: gym.Space, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Box: the float32 action bounds that to_action scales tanh to, on the device; Discrete: (None, None)."""
+    if not isinstance(space, gym.spaces.Box):
+        return None, None
+    return tuple(torch.as_tensor(b, dtype=torch.float32, device=device) for b in (space.low, space.high))
+
+
+def evaluate(policy: Policy, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
+    """The returns of one episode (up to the horizon) on each of args.eval_episodes envs, statistics frozen; video: env 0's."""
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
+    low, high = tanh_bounds(envs.single_action_space, device)
+    shift, scale = frozen_normalizer(obs_rms, int(np.prod(envs.single_observation_space.shape)), device)
+    obs, _ = envs.reset()
+    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
+    frames = []
+    for _ in range(args.horizon):
+        if video is not None and not finished[0]:
+            frames.append(np.asarray(envs.render())[0])
+        with torch.no_grad():
+            x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
+            action = to_action(policy(x), low, high).cpu().numpy()
+        obs, reward, term, trunc, _ = envs.step(action)
+        returns += np.where(finished, 0.0, reward)  # each env's first episode only
+        finished |= term | trunc
+        if finished.all():
+            break
+    envs.close()
+    write_video(video, frames)
+    return returns
+
+
+def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
+    """What the run will store, reckoned before anything is allocated (check_storage): theta, its gradient, Adam's moments,
+    the ES gradient and the policy's own parameters; a generation's noise (a row per pair of the whole population) and
+    this process's members' parameters twice (flat and stacked for baddbmm); the env pool of this process's members."""
+    members = args.population_size // args.world_size
+    n_out = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
+    one = network_bytes(lambda: Policy(obs_space.shape[0], n_out, args.hidden_sizes), trained=False)
+    dim, layers = one // 4, args.hidden_sizes
+    sizes = " ".join(map(str, layers)) if len(layers) <= 4 else f"of {len(layers)} layers, up to {max(layers)} wide"
+    network = f"the network (--hidden-sizes {sizes or '(none)'}, {dim:,} parameters: theta, its gradient and Adam's moments"
+    return {
+        f"{network}, the ES gradient, the policy)": (
+            network_bytes(lambda: Policy(obs_space.shape[0], n_out, args.hidden_sizes)) + 2 * one, device,
+            "lower --hidden-sizes"),
+        f"the population (--population-size {args.population_size} x {dim:,} parameters)": (
+            4 * dim * (args.population_size // 2 + 2 * members), device,
+            "lower --population-size or --hidden-sizes, or spread the population over more processes with torchrun"),
+        f"the env pool ({members} members)": (
+            env_pool_bytes(args.env_id, members), torch.device("cpu"), "lower --population-size"),
+    }  # fmt: skip
+
+
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """What the ranges cannot tell: the spaces, the horizon, the hidden sizes, the population's split over processes."""
+    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        fail(f"es.py handles Discrete and Box action spaces, and {args.env_id} has {action_space}; pick an env with one")
+    if isinstance(action_space, gym.spaces.Box) and not np.isfinite(np.r_[action_space.low, action_space.high]).all():
+        fail(f"es.py scales tanh to the action bounds, and {args.env_id}'s are not finite; pick an env with bounded actions")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        fail(f"es.py needs a vector observation, and {args.env_id} has {obs_space}; pick an env with Box(n,) observations")
+    refuse_meaningless(args, [
+        (("preset",), {"num_generations", "hidden_sizes"} <= getattr(args, "typed", frozenset()),
+         "only sets the defaults of --num-generations and --hidden-sizes, and both are given"),
+        (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
+         "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
+    ])  # fmt: skip
+    sizes = " ".join(map(str, args.hidden_sizes))
+    if any(width < 1 for width in args.hidden_sizes):
+        fail(f"--hidden-sizes {sizes} has a width below 1; pass positive widths, e.g. --hidden-sizes 32 32")
+    if any(width > MAX_WIDTH for width in args.hidden_sizes):
+        fail(f"--hidden-sizes {sizes} has a width above {MAX_WIDTH}; pass widths of at most {MAX_WIDTH}")
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    pair_split = 2 * args.world_size
+    if args.population_size % pair_split:
+        fail(
+            f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
+            f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // pair_split) * pair_split}"
+        )
+    args.horizon = args.max_episode_steps or time_limit(args.env_id)
+    if args.horizon < 1:
+        fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
+    # only process 0 evaluates, so only it needs to know
+    if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):
+        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
+            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
+        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
+        args.capture_video = False
+
+
+# --- the start and the end of a run ---
+def start_run(args: Args) -> types.SimpleNamespace:
+    """Checks, processes (torchrun) and device, storage, checkpoint; process 0 alone gets a run directory and a writer."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    # only process 0 writes logs, checkpoints and models
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"playing {args.population_size // args.world_size} of the {args.population_size} members")
         if note:
             print(note, flush=True)
-
-    # the same seed gives every process the same initial parameters, theta, which ES perturbs as one flat vector
-    continuous = isinstance(action_space, gym.spaces.Box)
-    obs_dim = obs_space.shape[0]
-    n_out = int(np.prod(action_space.shape)) if continuous else int(action_space.n)
-    policy = Policy(obs_dim, n_out, args.hidden_sizes)
-    theta = nn.utils.parameters_to_vector(policy.parameters()).detach().to(device).requires_grad_(True)
-    policy = policy.to(device)
-    # Adam's defaults are the starter code's (beta1 0.9, beta2 0.999, epsilon 1e-8)
-    optimizer = torch.optim.Adam([theta], lr=args.learning_rate)
-    obs_rms = RunningMeanStd((obs_dim,), device) if args.norm_obs else None
-    global_step, start_generation = 0, 1
-    if ckpt:
-        policy.load_state_dict(ckpt["model"])
-        with torch.no_grad():
-            theta.copy_(nn.utils.parameters_to_vector(policy.parameters()))
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if obs_rms is not None:
-            obs_rms.load_state_dict(ckpt["obs_rms"])
-        global_step, start_generation = ckpt["global_step"], ckpt["generation"] + 1
-        restore_rng(ckpt["rng"], device)
-        if rank == 0:
-            print(f"resumed {run_dir} at generation {ckpt['generation']} (step {global_step:,})")
+    global_step, done = (ckpt["global_step"], ckpt["generation"]) if ckpt else (0, 0)
     writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
-    progress = Progress(args, global_step, args.num_generations, unit="generation", done=start_generation - 1)
-    stop = stop_requests()
+    progress = Progress(args, global_step, args.num_generations, unit="generation", done=done)
+    return types.SimpleNamespace(
+        obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, run_dir=run_dir,
+        writer=writer, progress=progress, stop=stop_requests(),
+    )  # fmt: skip
 
-    # this process's slice of the population: members first_member .. first_member + members - 1
-    members = args.population_size // args.world_size
-    first_member = rank * members
-    my_pairs, all_pairs = range(first_member // 2, (first_member + members) // 2), range(args.population_size // 2)
-    low, high = (None, None)
-    if continuous:
-        low, high = (torch.as_tensor(b, dtype=torch.float32, device=device) for b in (action_space.low, action_space.high))
-    layer_shapes = policy.layer_shapes()
 
-    for generation in range(start_generation, args.num_generations + 1):
-        # --- perturbation: this process's slice of the antithetic population ---
-        with torch.no_grad():
-            noise = pair_noise(args.seed, generation, all_pairs, theta.numel(), device)
-            thetas = perturb(theta.detach(), noise[my_pairs.start : my_pairs.stop], args.sigma)
-            layers = stack_layers(thetas, layer_shapes)
-        shift, scale = frozen_normalizer(obs_rms, obs_dim, device)
+def restore_generation(run: types.SimpleNamespace, policy: Policy, theta, optimizer, obs_rms) -> tuple[int, int]:
+    """A resumed run's parameters, Adam's moments, statistics and RNG states; returns (global_step, first generation)."""
+    ckpt = run.ckpt
+    if not ckpt:
+        return 0, 1
+    policy.load_state_dict(ckpt["model"])
+    with torch.no_grad():
+        theta.copy_(nn.utils.parameters_to_vector(policy.parameters()))
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if obs_rms is not None:
+        obs_rms.load_state_dict(ckpt["obs_rms"])
+    restore_rng(ckpt["rng"], run.device)
+    if run.rank == 0:
+        print(f"resumed {run.run_dir} at generation {ckpt['generation']} (step {ckpt['global_step']:,})")
+    return ckpt["global_step"], ckpt["generation"] + 1
 
-        # --- rollout: one episode per member, the whole slice in one batch; env i plays member first_member + i ---
-        envs = make_env(args.env_id, members, generation_env_seed(args.seed, generation) + first_member)
-        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device)
-        envs.close()
 
-        # --- exchange: fitness, length and observation sums per member, nothing else ---
-        results = gather_rows(torch.as_tensor(results, device=device), args.world_size)
-        fitness, lengths = results[:, 0], results[:, 1]
-
-        # --- update: centered ranks, ES gradient, weight decay, Adam ---
-        with torch.no_grad():
-            grad = es_gradient(centered_ranks(fitness), noise, args.sigma)
-            # the starter code feeds Adam -g + l2coeff * theta with g = sum_i F_i eps_i / P, i.e. sigma * grad
-            theta.grad = -(args.sigma * grad) + args.l2_coef * theta.detach()
-        optimizer.step()
-        if obs_rms is not None:  # the next generation's statistics, from every member's real steps
-            update_from_sums(obs_rms, results[:, 2 : 2 + obs_dim].sum(0), results[:, 2 + obs_dim :].sum(0), lengths.sum())
-        host = torch.cat([fitness, lengths, grad.norm().double()[None]]).cpu().numpy()  # one host sync per generation
-        P = args.population_size
-        ep_returns, ep_lengths, grad_norm = host[:P], host[P : 2 * P], host[-1]
-        global_step += int(ep_lengths.sum())
-
-        # --- logging (process 0): every member's episode, then the generation's aggregates ---
-        if rank == 0:
-            progress.log_episodes(writer, ep_returns, ep_lengths, global_step)
-            writer.add_scalar("charts/population_mean_return", ep_returns.mean(), global_step)
-            writer.add_scalar("charts/max_return", ep_returns.max(), global_step)
-            writer.add_scalar("losses/grad_norm", grad_norm, global_step)
-            extra = f" | population mean {ep_returns.mean():.1f} max {ep_returns.max():.1f} | step {global_step:,}"
-            progress.log(writer, global_step, generation, extra, force=generation == args.num_generations)
-
-        # --- evaluation of the unperturbed mean policy (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(generation, 1, args.eval_every):
-            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
-            with progress.paused():
-                log_eval(writer, evaluate(policy, obs_rms, args, device, video_path(args, run_dir, generation)), global_step)
-        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
-        if rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stopping):
-            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
-                model=policy.state_dict(), optimizer=optimizer.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None,
-                global_step=global_step, generation=generation, rng=rng_state(device),
-            )  # fmt: skip
-        if stopping:
-            stop_processes_and_exit(stop, writer, args, run_dir, f"generation {generation} (step {global_step:,})")
-
+def end_run(args: Args, run: types.SimpleNamespace, policy: Policy, theta, obs_rms, global_step: int) -> None:
+    """The processes leave together; process 0 saves the final model, reloads it from disk, evaluates it, and finishes."""
     end_processes(args.world_size)
-    if rank != 0:
+    if run.rank != 0:
         leave(args.world_size)
-
-    # --- final model: saved, reloaded from disk, evaluated with frozen statistics ---
     if args.save_model:
         nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
-        model_path = os.path.join(run_dir, "es.model")
+        model_path = os.path.join(run.run_dir, "es.model")
         save_checkpoint(
-            model_path, "model", args, run_dir, model=policy.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
+            model_path,
+            "model",
+            args,
+            run.run_dir,
+            model=policy.state_dict(),
+            obs_rms=obs_rms.state_dict() if obs_rms else None,
         )
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_policy = Policy(obs_dim, n_out, tuple(state["args"]["hidden_sizes"])).to(device)
+        (_, obs_dim), (n_out, _) = policy.layer_shapes()[0], policy.layer_shapes()[-1]
+        eval_policy = Policy(obs_dim, n_out, tuple(state["args"]["hidden_sizes"])).to(run.device)
         eval_policy.load_state_dict(state["model"])
-        eval_rms = None
-        if state["obs_rms"] is not None:
-            eval_rms = RunningMeanStd((obs_dim,), device)
+        eval_rms = RunningMeanStd((obs_dim,), run.device) if state["obs_rms"] is not None else None
+        if eval_rms is not None:
             eval_rms.load_state_dict(state["obs_rms"])
-        log_final_eval(
-            writer, evaluate(eval_policy, eval_rms, args, device, video_path(args, run_dir)), global_step, model_path
-        )
-    finish(writer, run_dir)
+        evaluation = evaluate(eval_policy, eval_rms, args, run.device, video_path(args, run.run_dir))
+        log_final_eval(run.writer, evaluation, global_step, model_path)
+    finish(run.writer, run.run_dir)
     leave(args.world_size)
 
 

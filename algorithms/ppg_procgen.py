@@ -1,22 +1,10 @@
-"""PPG, Phasic Policy Gradient (Cobbe et al. 2021), on Procgen through envpool; benchmark: `bash benchmark/ppg_procgen.sh`."""
+"""PPG, Phasic Policy Gradient (Cobbe et al. 2021), on Procgen through envpool; benchmark: `bash benchmark/ppg_procgen.sh`.
 
-import ast
-import contextlib
-import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
-import os
-import random
-import re
-import signal
-import sys
+Reading guide: from here to the line `# The algorithm ends here`, the algorithm (Args, the IMPALA networks, the maths,
+both phases' updates, `main`); below it, this file's machinery (presets, envs, checks, torchrun, evaluation, checkpoints,
+start_run, end_run), then the run plumbing all eight files share. More in docs/ppg_procgen.md."""
+
 import time
-import traceback
-import types
-import typing
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,61 +15,19 @@ import torch.distributed as dist
 import tyro
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
-    exp_name: str = "ppg_procgen"
-    """name of this experiment, part of the run directory name"""
+    # --- algorithm: the task and the policy phase (PPO); the docs page's "Flags that matter" says more ---
     env_id: str = "StarpilotEasy-v0"
-    """envpool Procgen id (StarpilotEasy-v0, BigfishHard-v0, ...: the 16 games, Easy and Hard), or a game's procgen
-    name (starpilot, bigfish, ...), which means its Easy variant"""
+    """envpool Procgen id (StarpilotEasy-v0, BigfishHard-v0, ...), or a game's procgen name (starpilot), its Easy variant"""
     num_levels: int = 0
     """levels to train and evaluate on (0: unlimited, the paper's setting; a small number for a fixed set of levels)"""
     start_level: int = 0
     """seed of the first level of the set (with --num-levels)"""
-    preset: Literal["paper", "small"] = "paper"
-    """paper: the reference's settings (N_pi 32: a phase keeps 32 x 64 x 256 frames, 6.4 GB); small: N_pi 8 for
-    machines with less memory (1.6 GB; the paper's Figure 5 shows N_pi 8 a little behind 32)"""
-    seed: int = 1
-    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = True
-    """use CUDA when it is available (the phase's frames then live on the GPU)"""
-    compile: bool = False
-    """torch.compile the acting step, the chunks of both phases' minibatches and the optimiser steps (inductor, on CPU
-    and CUDA; the first iterations pay the compile time, which inductor caches on disk for later runs): off by default,
-    the eager code is the one to read"""
-    cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
-    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 (its 64x64 observations) to runs/<run>/videos"""
-    save_model: bool = False
-    """save the final model to runs/<run>/ppg_procgen.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps, at the end of a policy iteration (0: only on Ctrl-C /
-    SIGTERM); mid-phase it also writes the phase's frames so far beside it (up to the phase buffer's size on disk), and
-    at the run's last iteration keeps them after the run, for a longer --total-timesteps to go on with"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-
-    # --- algorithm: policy phase (PPO) ---
     arch: Literal["dual", "detach"] = "dual"
-    """dual: the paper's PPG, a value network of its own beside the policy network; detach: one IMPALA CNN whose
-    features reach the value head with the gradient stopped (the reference's 'detach', CleanRL's ppg_procgen.py), half
-    the compute of dual"""
+    """dual: the paper's PPG, a value network of its own; detach: one CNN, the value head on stopped-gradient features"""
     total_timesteps: int = 25_000_000
     """total env steps over all envs; may be raised on --resume to extend a run (--anneal-lr then follows the new total)"""
     learning_rate: float = 5e-4
@@ -110,11 +56,11 @@ class Args:
     """global gradient norm clip (0: none, as the reference)"""
     norm_reward: bool = True
     """scale rewards by the running std of the discounted return (clipped to +-10), as the reference"""
-
     # --- algorithm: auxiliary phase ---
+    preset: Literal["paper", "small"] = "paper"
+    """paper: the reference's settings (N_pi 32, a 6.4 GB phase); small: N_pi 8 (1.6 GB), a little behind in the paper"""
     n_pi: int = 32
-    """N_pi: policy iterations per phase; the phase's frames are kept for the auxiliary phase, n_pi x num_envs x
-    num_steps x 12,288 bytes (6.4 GB with the defaults; in RAM on CPU, in GPU memory on CUDA)"""
+    """N_pi: policy iterations per phase, whose frames the auxiliary phase keeps (6.4 GB with the defaults)"""
     e_aux: int = 6
     """E_aux: auxiliary epochs over the phase's frames (0: no auxiliary phase, PPO with a separate value network)"""
     aux_learning_rate: float = 5e-4
@@ -125,11 +71,38 @@ class Args:
     """weight of the KL from the policy before the auxiliary phase to the policy being trained"""
     vf_true_weight: float = 1.0
     """weight of the value network's extra training on the same targets in the auxiliary phase"""
+    # --- run settings ---
+    exp_name: str = "ppg_procgen"
+    """name of this experiment, part of the run directory name"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available (the phase's frames then live on the GPU)"""
     chunk_size: int = 0
-    """observations per forward/backward pass inside a minibatch; gradients add up to the whole minibatch's, so the
-    update is the same (0: 32 on CPU, where small chunks are fastest and keep activations small; the minibatch on CUDA)"""
-
-    # --- computed at start-up ---
+    """observations per forward/backward pass in a minibatch, the same update (0: 32 on CPU, the minibatch on CUDA)"""
+    compile: bool = False
+    """torch.compile the acting step, both phases' minibatch chunks and optimiser steps (off: the eager code is to read)"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 (its 64x64 observations) to runs/<run>/videos"""
+    save_model: bool = False
+    """save the final model to runs/<run>/ppg_procgen.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps, mid-phase with the phase's frames (0: only on a stop)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    # --- computed at start-up (world_size in check_args, the others in derived_sizes) ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     minibatch_size: tyro.conf.Suppress[int] = 0
@@ -140,9 +113,428 @@ class Args:
     """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
 
+def derived_sizes(args: Args) -> None:  # check_args calls it, then refuses the sizes that do not fit
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+
+
+# Networks: the reference's (openai/phasic-policy-gradient) IMPALA CNN, init and head scales
+def normed_init(layer: nn.Module, scale: float = 1.0) -> nn.Module:
+    # The reference's init (phasic_policy_gradient/torch_util.py, NormedLinear / NormedConv2d): PyTorch's default
+    # weights rescaled so that each output unit's fan-in weights have norm `scale`; zero biases
+    with torch.no_grad():
+        dims = tuple(range(1, layer.weight.dim()))
+        layer.weight.mul_(scale / layer.weight.norm(p=2, dim=dims, keepdim=True))
+        layer.bias.zero_()
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int, scale: float):
+        super().__init__()
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, 3, padding=1), np.sqrt(scale))
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, 3, padding=1), np.sqrt(scale))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaCNN(nn.Sequential):
+    """Espeholt et al. 2018: three stacks (conv 3x3, max-pool 3x3 stride 2, two residual blocks) of 16, 32, 32 channels,
+    then 256 ReLU units; scales as the reference's impala_cnn.py: 1/sqrt(3) per stack, 1.4 on the dense layer."""
+
+    def __init__(self, obs_shape: tuple, chans=(16, 32, 32), out_size: int = 256, blocks: int = 2):
+        layers, channels, height, width = [], obs_shape[0], obs_shape[1], obs_shape[2]
+        stack_scale = 1 / np.sqrt(len(chans))
+        for out in chans:
+            layers += [normed_init(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1)]
+            layers += [ResidualBlock(out, stack_scale / np.sqrt(blocks)) for _ in range(blocks)]
+            channels, height, width = out, (height + 1) // 2, (width + 1) // 2
+        layers += [nn.Flatten(), nn.ReLU(), normed_init(nn.Linear(channels * height * width, out_size), 1.4), nn.ReLU()]
+        super().__init__(*layers)
+
+
+class Agent(nn.Module):
+    """Policy network (IMPALA CNN, policy and auxiliary value heads) and value head, on a CNN of its own ('dual', the
+    paper's PPG) or on the policy's features with the gradient stopped ('detach', CleanRL's ppg_procgen.py)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, arch: str = "dual"):
+        super().__init__()
+        self.policy_net = ImpalaCNN(obs_space.shape)
+        self.value_net = ImpalaCNN(obs_space.shape) if arch == "dual" else None
+        self.actor = normed_init(nn.Linear(256, int(action_space.n)), 0.1)
+        self.aux_critic = normed_init(nn.Linear(256, 1), 0.1)
+        self.critic = normed_init(nn.Linear(256, 1), 0.1)
+        # channels-last convolutions run about twice as fast on a CPU (oneDNN) and suit tensor cores on a GPU
+        self.to(memory_format=torch.channels_last)
+
+    @staticmethod
+    def frames(x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float only here
+        return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
+
+    def value_features(self, x: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
+        if self.value_net is not None:
+            return self.value_net(x)
+        # 'detach': the value loss trains the value head only, never the policy's features
+        return (self.policy_net(x) if policy_features is None else policy_features).detach()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy logits, auxiliary value and value, with one pass through each CNN."""
+        x = self.frames(x)
+        h = self.policy_net(x)
+        return self.actor(h), self.aux_critic(h).squeeze(-1), self.critic(self.value_features(x, h)).squeeze(-1)
+
+    def policy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Policy logits and the auxiliary value, both from the policy network."""
+        h = self.policy_net(self.frames(x))
+        return self.actor(h), self.aux_critic(h).squeeze(-1)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(self.value_features(self.frames(x))).squeeze(-1)
+
+    def act(self, x: torch.Tensor, deterministic: bool = False):
+        """Action, its log-probability and the value, for one step of all envs."""
+        logits, _, value = self(x)
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+        action = logits.argmax(-1) if deterministic else dist.sample()
+        return action, dist.log_prob(action), value
+
+
+# The algorithm's maths: reward scaling, GAE, both phases' losses
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
+    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
+    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
+    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
+    the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+
+    def state_dict(self) -> dict:
+        return dict(
+            mean=torch.from_numpy(self.mean),
+            var=torch.from_numpy(self.var),
+            count=torch.tensor(self.count, dtype=torch.float64),
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
+
+
+def scale_reward(
+    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
+):
+    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
+
+    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
+    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
+    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
+    """
+    discounted_return = discounted_return * gamma + reward
+    rms.update(discounted_return[:, None])
+    return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
+
+
+def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
+
+    With next-step autoreset the observation after a truncated step is the real final observation, so
+    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
+    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
+    (valid = 0) gets advantage 0 and is masked out of the loss.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor, world_size: int = 1) -> torch.Tensor:
+    """Once per batch (under torchrun, every process's), before the minibatches, reset steps excluded (compute_advantage)."""
+    moments = torch.stack([valid.sum(), (advantages * valid).sum()])
+    if world_size > 1:
+        dist.all_reduce(moments)
+    count, mean = moments[0], moments[1] / moments[0]
+    squares = ((advantages - mean) ** 2 * valid).sum()
+    if world_size > 1:
+        dist.all_reduce(squares)
+    return (advantages - mean) / ((squares / count).sqrt() + 1e-8) * valid
+
+
+def policy_loss(logits, actions, oldlogprob, advantages, newvalue, returns, mask, count, clip_coef, ent_coef, vf_coef):
+    """Clipped surrogate - entropy bonus + value loss over a chunk, as means over the minibatch's `count` valid entries
+    (the chunks' losses add up); returns it and the detached (policy loss, value loss, entropy, approx KL, clip fraction)."""
+    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+    logratio = dist.log_prob(actions) - oldlogprob
+    ratio = logratio.exp()
+    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    v = 0.5 * (newvalue - returns) ** 2  # no value clipping: the reference has none
+    entropy = dist.entropy()
+    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
+        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > clip_coef).float()
+    terms = torch.stack([pg, v, entropy, approx_kl, clipped]) * mask
+    sums = terms.sum(1) / count
+    return sums[0] - ent_coef * sums[2] + vf_coef * sums[1], sums.detach()
+
+
+def categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
+    """KL(old || new) per row, as the reference's td.kl_divergence(oldpd, pd)."""
+    # by hand: torch.distributions.kl_divergence normalises logits with logsumexp, not the same run to the bit
+    old_logp, new_logp = F.log_softmax(old_logits, -1), F.log_softmax(new_logits, -1)
+    return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
+
+
+def aux_loss(logits, old_logits, aux_value, value, returns, mask, count, beta_clone: float, vf_true_weight: float):
+    """Cobbe et al. 2021, eq. 2 and 4: 0.5 (V_aux - R)^2 (policy network) + beta_clone KL(pi_old || pi) + vf_true_weight
+    0.5 (V - R)^2 (value network), means as in policy_loss; returns the loss and the three terms, detached."""
+    terms = torch.stack([0.5 * (aux_value - returns) ** 2, categorical_kl(old_logits, logits), 0.5 * (value - returns) ** 2])
+    sums = (terms * mask).sum(1) / count
+    return sums[0] + beta_clone * sums[1] + vf_true_weight * sums[2], sums.detach()
+
+
+def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer: torch.optim.Optimizer, args: Args):
+    """The acting step, a chunk of either phase's minibatch (the chunks' gradients add up), either phase's step."""
+    params = list(agent.parameters())
+
+    def policy_chunk(obs, actions, logprobs, advantages, returns, valid, count):
+        logits, _, newvalue = agent(obs)
+        loss, sums = policy_loss(
+            logits, actions, logprobs, advantages, newvalue, returns, valid, count, args.clip_coef, args.ent_coef, args.vf_coef
+        )
+        loss.backward()
+        return sums
+
+    def aux_chunk(obs, old_logits, returns, valid, count):
+        logits, aux_value, value = agent(obs)
+        loss, sums = aux_loss(
+            logits, old_logits, aux_value, value, returns, valid, count, args.beta_clone, args.vf_true_weight
+        )
+        loss.backward()
+        return sums
+
+    def policy_step():
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(params, args.world_size)
+        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+
+    def aux_step():
+        if args.world_size > 1:
+            average_gradients(params, args.world_size)
+        optimizer_step(aux_optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+
+    steps = dict(act=agent.act, policy_chunk=policy_chunk, policy_step=policy_step, aux_chunk=aux_chunk, aux_step=aux_step)
+    return compile_steps(steps, params, args) if args.compile else steps
+
+
+def policy_update(steps: dict, batch: dict, args: Args) -> torch.Tensor:
+    """PPO on one rollout (this process's share): E_pi epochs of minibatches in chunks; returns the mean loss terms."""
+    stats, num_updates, size = torch.zeros(5, device=batch["obs"].device), 0, len(batch["obs"])
+    for _epoch in range(args.update_epochs):
+        perm = torch.randperm(size, device=batch["obs"].device)
+        for mb in perm.split(size // args.num_minibatches):
+            count = batch["valid"][mb].sum().clamp(min=1.0)
+            for chunk in mb.split(args.chunk_size):  # the batch's keys are policy_chunk's arguments
+                stats += steps["policy_chunk"](**{k: v[chunk] for k, v in batch.items()}, count=count)
+            steps["policy_step"]()
+            num_updates += 1
+    return stats / num_updates
+
+
+def old_policy_logits(agent: Agent, phase_obs: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The policy before the auxiliary phase on the phase's frames (compute_presleep_outputs), into one tensor."""
+    # preallocated: pieces joined at the end fragment the heap (+0.15 GB peak RSS with the defaults on a CPU)
+    flat = phase_obs.reshape((-1,) + phase_obs.shape[-3:])
+    logits = torch.empty((len(flat), agent.actor.out_features), device=flat.device)
+    with torch.no_grad():
+        for i in range(0, len(flat), chunk):
+            logits[i : i + chunk] = agent.policy(flat[i : i + chunk])[0]
+    return logits
+
+
+def aux_update(steps: dict, phase: dict, slots, envs_idx, args: Args) -> torch.Tensor:
+    """One auxiliary minibatch: the rollouts' frames gathered (uint8) from the phase buffer, trained in chunks."""
+    time_idx = torch.arange(phase["obs"].shape[1], device=slots.device)
+    index = (slots[:, None], time_idx[None, :], envs_idx[:, None])  # (rollouts, T): rollout by rollout, in time order
+    obs, old_logits = (phase[k][index].flatten(0, 1) for k in ("obs", "old_logits"))
+    returns, valid = phase["returns"][index].flatten(), phase["valid"][index].flatten()
+    count, sums = valid.sum().clamp(min=1.0), torch.zeros(3, device=valid.device)
+    for chunk in torch.arange(len(obs), device=valid.device).split(args.chunk_size):
+        sums += steps["aux_chunk"](obs[chunk], old_logits[chunk], returns[chunk], valid[chunk], count)
+    steps["aux_step"]()
+    return sums
+
+
+def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
+    """E_aux epochs over the phase's rollouts (this process's) in random minibatches of whole rollouts, from `state` on;
+    returns None at its end, or on a stop request the state to resume from (a stop does not wait an hour on a CPU)."""
+    num_envs, per_minibatch = phase["obs"].shape[2], args.aux_rollouts // args.world_size  # this process's share
+    rollouts, device = phase["obs"].shape[0] * num_envs, phase["obs"].device
+    minibatches = -(-rollouts // per_minibatch)
+    old_logits = state["old_logits"].to(device).reshape(phase["obs"].shape[:3] + (-1,))
+    clock = dict(started=time.time(), last_print=time.time(), done_here=0)  # for the progress line
+    while state["epoch"] < args.e_aux:
+        if state["done"] == 0:
+            state["perm"] = torch.randperm(rollouts, device=device)
+            state["sums"] = torch.zeros(3, device=device)
+        state["perm"], state["sums"] = state["perm"].to(device), state["sums"].to(device)
+        todo = state["perm"][state["done"] * per_minibatch :]
+        # minibatches of whole rollouts (env r % num_envs of iteration r // num_envs), as the reference's make_minibatches
+        for minibatch in todo.split(per_minibatch):
+            slots, envs_idx = minibatch // num_envs, minibatch % num_envs
+            state["sums"] += aux_update(steps, dict(phase, old_logits=old_logits), slots, envs_idx, args)
+            state["done"] += 1
+            say_aux_progress(clock, state, minibatches, writer, args)
+            # under torchrun decided together: an all-reduce and a host sync per minibatch, small beside its frames
+            if stop_everywhere(stop, args.world_size, device):
+                return state
+        # the last epoch's mean loss terms are the ones logged
+        aux_values = mean_over_processes(state["sums"] / minibatches, args.world_size).tolist()
+        state["epoch"], state["done"] = state["epoch"] + 1, 0
+    if writer is not None:
+        log_aux_phase(writer, aux_values, clock, minibatches, global_step)
+    return None
+
+
+def main(args: Args) -> None:
+    # --- set-up: checks, processes, device, run directory, writer (start_run); then the networks, optimisers, buffers ---
+    run = start_run(args)
+    device, rank, writer, stop = run.device, run.rank, run.writer, run.stop
+    agent = Agent(run.obs_space, run.action_space, args.arch).to(device)  # the same weights in every process
+    # an Adam per phase over both networks, default eps, as the reference; compiled: tensor rates, annealed without recompiling
+    rates = (args.learning_rate, args.aux_learning_rate)
+    lr0, aux_lr0 = (torch.tensor(lr, device=device) if args.compile else lr for lr in rates)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, fused=not args.compile)
+    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=aux_lr0, fused=not args.compile)
+    steps = training_steps(agent, optimizer, aux_optimizer, args)
+    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
+    # the phase's frames, kept once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its rollouts
+    # straight into them. Reset steps are kept (masked out of every loss): a fixed shape, whole rollouts in time order
+    slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs // args.world_size
+    phase = dict(obs=torch.empty((slots, T, N) + run.obs_space.shape, dtype=torch.uint8, device=device))
+    phase["returns"], phase["valid"] = torch.zeros((2, slots, T, N), device=device)
+    if args.world_size > 1:  # torchrun: each process samples its own actions and minibatches
+        torch.manual_seed(args.seed + rank)
+    learner = (agent, optimizer, aux_optimizer, return_rms, phase)  # what a checkpoint holds
+    global_step, start_iteration, aux_state = restore_ppg(run, *learner, args)
+
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
+    actions = torch.zeros((T, N), dtype=torch.long, device=device)
+    logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
+    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    discounted_return = np.zeros(N)
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+
+    if aux_state is not None:  # resumed inside an auxiliary phase: its remaining minibatches come first
+        aux_state = resume_aux_phase(run, steps, learner, aux_state, global_step, start_iteration - 1, envs, args)
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        slot, phase_number = (iteration - 1) % slots, (iteration - 1) // args.n_pi + 1
+        anneal_learning_rates(optimizer, aux_optimizer, iteration, args)  # when on, over the whole run's iterations
+        iteration_start = time.time()
+
+        # --- policy phase: rollout, written into the phase buffer ---
+        obs, finished = phase["obs"][slot], []
+        for step in range(T):
+            global_step += args.num_envs  # every process's envs
+            obs[step] = next_obs
+            with torch.no_grad():
+                actions[step], logprobs[step], values[step] = steps["act"](next_obs)
+            next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
+            done = term | trunc
+            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            if return_rms is not None:
+                # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma (see docs/ppg_procgen.md)
+                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
+            step_rows[:, step] = torch.from_numpy(host_rows)
+            next_obs = torch.as_tensor(next_obs_np, device=device)
+            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
+                ep_return, ep_length, reward, next_valid, done
+            )
+            finished.append((global_step, fin_returns, fin_lengths))
+            next_valid = ~done
+
+        # --- advantages, the phase's value targets, PPO update ---
+        with torch.no_grad():
+            advantages, returns = compute_gae(
+                rewards, values, agent.value(next_obs), terminations, dones, valid, args.gamma, args.gae_lambda
+            )
+        phase["returns"][slot], phase["valid"][slot] = returns, valid
+        batch = dict(
+            obs=obs.reshape((-1,) + run.obs_space.shape), actions=actions.reshape(-1), logprobs=logprobs.reshape(-1),
+            advantages=normalize_advantages(advantages, valid, args.world_size).reshape(-1), returns=returns.reshape(-1),
+            valid=valid.reshape(-1),
+        )  # fmt: skip
+        stats = policy_update(steps, batch, args)
+
+        # --- logging (process 0, with every process's episodes): one host sync per iteration ---
+        episodes = gather_episodes(finished, args.world_size)
+        if rank == 0:
+            log_policy_iteration(run, episodes, stats, values, batch, optimizer, iteration, iteration_start, global_step, args)
+
+        # --- auxiliary phase: after every N_pi policy iterations, but not after the last (the reference's loop) ---
+        if args.e_aux > 0 and iteration % args.n_pi == 0 and iteration < args.num_iterations:
+            old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
+            aux_state = dict(epoch=0, done=0, phase=phase_number, old_logits=old_logits)
+            aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
+
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
+            with run.progress.paused():
+                log_eval(writer, evaluate(agent, args, device, video_path(args, run.run_dir, global_step)), global_step)
+        if stop_everywhere(stop, args.world_size, device):  # the same answer on every process
+            checkpoint_and_stop(run, learner, aux_state, global_step, iteration, envs, args)
+        if crossed(global_step, args.batch_size, args.checkpoint_every):
+            write_checkpoint(run, *learner, aux_state, global_step, iteration, args)
+
+    # --- end: the final model (process 0) saved, reloaded from disk and evaluated ---
+    end_run(run, agent, envs, global_step, args)
+
+
+# The algorithm ends here. Below: this file's machinery, then the run plumbing all eight files share; a learner may stop here.
+# ---------------------------------------------------------------------------------------------------------------
+# This file's machinery: presets, envs, run set-up and end, checks, storage, checkpoints, torchrun, logging
+# ---------------------------------------------------------------------------------------------------------------
+import difflib
+import os
+import signal
+import sys
+import traceback
+import types
+
+from torch.utils.tensorboard import SummaryWriter
+
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
 CHECKPOINT_FORMAT = 2
+
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
@@ -174,6 +566,7 @@ RANGES = dict(
     chunk_size="[0, inf)",
 )
 
+
 # paper: openai/phasic-policy-gradient train.py (the paper's settings, except gamma of the reward filter, see
 # scale_reward); small: the same with 8 policy iterations per phase. Any flag given on the command line wins.
 PRESETS = {"paper": dict(), "small": dict(n_pi=8)}
@@ -185,9 +578,6 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
 PROCGEN_GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
     "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
@@ -242,103 +632,123 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-def normed_init(layer: nn.Module, scale: float = 1.0) -> nn.Module:
-    # The reference's init (phasic_policy_gradient/torch_util.py, NormedLinear / NormedConv2d): PyTorch's default
-    # weights rescaled so that each output unit's fan-in weights have norm `scale`; zero biases
-    with torch.no_grad():
-        dims = tuple(range(1, layer.weight.dim()))
-        layer.weight.mul_(scale / layer.weight.norm(p=2, dim=dims, keepdim=True))
-        layer.bias.zero_()
-    return layer
+def start_run(args: Args) -> types.SimpleNamespace:
+    """The run's set-up before the networks: the env id and spaces, every check, the processes and device, the storage
+    check and the checkpoint read, all before the run directory is made; then the run directory, the writer (process 0),
+    the progress line and the stop requests. Returns them, with the checkpoint, for main."""
+    args.env_id = procgen_env_id(args.env_id)
+    obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
+    rank, device, note = start_processes(args)
+    check_storage(storage(args, obs_space, action_space, device))
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    if ckpt is not None:  # a checkpoint of another number of processes: refused before anything is written
+        process_rng(ckpt, rank, args.world_size)
+    # process 0 alone writes logs, checkpoints and models; under torchrun the others write there only their frames of
+    # the phase for a resume (save_phase), so they take process 0's run name
+    run_name = gather_objects(ckpt["run_name"] if ckpt else new_run_name(args), args.world_size)[0]
+    run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
+    if rank == 0:
+        say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
+        if note:
+            print(note, flush=True)
+    global_step = ckpt["global_step"] if ckpt else 0
+    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
+    return types.SimpleNamespace(
+        obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, run_dir=run_dir,
+        writer=writer, progress=Progress(args, global_step, args.total_timesteps), stop=stop_requests(),
+    )  # fmt: skip
 
 
-class ResidualBlock(nn.Module):
-    def __init__(self, channels: int, scale: float):
-        super().__init__()
-        self.conv0 = normed_init(nn.Conv2d(channels, channels, 3, padding=1), np.sqrt(scale))
-        self.conv1 = normed_init(nn.Conv2d(channels, channels, 3, padding=1), np.sqrt(scale))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
-
-
-class ImpalaCNN(nn.Sequential):
-    """Espeholt et al. 2018: three stacks (conv 3x3, max-pool 3x3 stride 2, two residual blocks) of 16, 32, 32
-    channels, then 256 ReLU units. Scales as the reference's impala_cnn.py: 1/sqrt(3) per stack, shared by its
-    blocks, 1.4 on the dense layer."""
-
-    def __init__(self, obs_shape: tuple, chans=(16, 32, 32), out_size: int = 256, blocks: int = 2):
-        layers, channels, height, width = [], obs_shape[0], obs_shape[1], obs_shape[2]
-        stack_scale = 1 / np.sqrt(len(chans))
-        for out in chans:
-            layers += [normed_init(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1)]
-            layers += [ResidualBlock(out, stack_scale / np.sqrt(blocks)) for _ in range(blocks)]
-            channels, height, width = out, (height + 1) // 2, (width + 1) // 2
-        layers += [nn.Flatten(), nn.ReLU(), normed_init(nn.Linear(channels * height * width, out_size), 1.4), nn.ReLU()]
-        super().__init__(*layers)
+def compile_steps(steps: dict, params: list, args: Args) -> dict:
+    """training_steps' functions handed to torch.compile (--compile; LeanRL's approach: the same code, traced once)."""
+    # Compiled, the gradients are allocated once and zeroed in place: under CUDA graph trees a chunk's backward would
+    # leave them in the graph's memory, which the next chunk's replay overwrites (pytorch/pytorch#169545). A parameter
+    # that a phase's loss does not reach (the aux head in the policy phase) gets a zero gradient, and Adam's step on it is
+    # exactly 0. dynamic=False: one graph per shape; a minibatch's last, shorter chunk adds at most one (policy phase)
+    # or three (auxiliary phase, whose last minibatch can hold fewer rollouts) compiles, rather than a dynamic-shape graph
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
 
 
-class Agent(nn.Module):
-    """The policy network (IMPALA CNN, policy head, auxiliary value head) and the value head, in one of two of the
-    reference's architectures: 'dual', the paper's PPG, with its own IMPALA CNN under the value head; 'detach', one CNN
-    whose features reach the value head with the gradient stopped (CleanRL's ppg_procgen.py). Heads at scale 0.1."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, arch: str = "dual"):
-        super().__init__()
-        self.policy_net = ImpalaCNN(obs_space.shape)
-        self.value_net = ImpalaCNN(obs_space.shape) if arch == "dual" else None
-        self.actor = normed_init(nn.Linear(256, int(action_space.n)), 0.1)
-        self.aux_critic = normed_init(nn.Linear(256, 1), 0.1)
-        self.critic = normed_init(nn.Linear(256, 1), 0.1)
-        # channels-last convolutions run about twice as fast on a CPU (oneDNN) and suit tensor cores on a GPU
-        self.to(memory_format=torch.channels_last)
-
-    @staticmethod
-    def frames(x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here
-        return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
-
-    def value_features(self, x: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
-        if self.value_net is not None:
-            return self.value_net(x)
-        # 'detach': the value loss trains the value head only, never the policy's features
-        return (self.policy_net(x) if policy_features is None else policy_features).detach()
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Policy logits, auxiliary value and value, with one pass through each CNN."""
-        x = self.frames(x)
-        h = self.policy_net(x)
-        return self.actor(h), self.aux_critic(h).squeeze(-1), self.critic(self.value_features(x, h)).squeeze(-1)
-
-    def policy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Policy logits and the auxiliary value, both from the policy network."""
-        h = self.policy_net(self.frames(x))
-        return self.actor(h), self.aux_critic(h).squeeze(-1)
-
-    def value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(self.value_features(self.frames(x))).squeeze(-1)
-
-    def act(self, x: torch.Tensor, deterministic: bool = False):
-        """Action, its log-probability and the value, for one step of all envs."""
-        logits, _, value = self(x)
-        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
-        action = logits.argmax(-1) if deterministic else dist.sample()
-        return action, dist.log_prob(action), value
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=set_to_none)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Running statistics for reward normalisation
-# ---------------------------------------------------------------------------------------------------------------
-def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
-    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
-    delta = batch_mean - mean
-    total = count + batch_count
-    new_mean = mean + delta * batch_count / total
-    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
-    return new_mean, m2 / total, total
+def anneal_learning_rates(optimizer, aux_optimizer, iteration: int, args: Args) -> None:
+    """Both phases' rates at a policy iteration, annealed (with --anneal-lr) over the whole run, not each phase."""
+    for opt, base in ((optimizer, args.learning_rate), (aux_optimizer, args.aux_learning_rate)):
+        lr = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
+        if args.compile:  # a tensor, filled in place, so that the compiled optimiser steps are not compiled again
+            opt.param_groups[0]["lr"].fill_(lr)
+        else:
+            opt.param_groups[0]["lr"] = lr
+
+
+def say_aux_progress(clock: dict, state: dict, minibatches: int, writer, args: Args) -> None:
+    """Process 0's progress line inside an auxiliary phase, every --progress-interval seconds: it takes minutes."""
+    clock["done_here"] += 1
+    if writer is None or time.time() - clock["last_print"] <= args.progress_interval:
+        return
+    clock["last_print"] = time.time()
+    left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
+    eta = (time.time() - clock["started"]) / clock["done_here"] * left
+    print(
+        f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch "
+        f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
+        flush=True,
+    )
+
+
+def log_aux_phase(writer, aux_values: list, clock: dict, minibatches: int, global_step: int) -> None:
+    """Process 0's log of an auxiliary phase: the last epoch's loss terms, as the mean over the processes, and its pace."""
+    for name, value in zip(("aux_value_loss", "bc_kl", "aux_true_value_loss"), aux_values, strict=True):
+        writer.add_scalar(f"losses/{name}", value, global_step)
+    seconds = (time.time() - clock["started"]) / max(clock["done_here"] / minibatches, 1e-9)
+    writer.add_scalar("charts/aux_epoch_seconds", seconds, global_step)
+
+
+def checkpoint_and_stop(run: types.SimpleNamespace, learner: tuple, aux_state, global_step: int, iteration: int, envs, args):
+    """A stop request, taken by every process at the same point: the checkpoint written, then the run left with the
+    command that resumes it."""
+    write_checkpoint(run, *learner, aux_state, global_step, iteration, args)
+    envs.close()
+    where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
+    stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, where)
+
+
+def resume_aux_phase(run, steps: dict, learner: tuple, aux_state: dict, global_step: int, iteration: int, envs, args: Args):
+    """The rest of the auxiliary phase a resumed checkpoint stopped in; stopped again (every process at the same
+    minibatch), a checkpoint and the end of the run. Returns None, the state of a finished auxiliary phase."""
+    aux_state = run_aux_phase(steps, learner[-1], aux_state, args, run.stop, run.writer, global_step)
+    if aux_state is not None:
+        checkpoint_and_stop(run, learner, aux_state, global_step, iteration, envs, args)
+    return aux_state
+
+
+def end_run(run: types.SimpleNamespace, agent: Agent, envs, global_step: int, args: Args) -> None:
+    """The run's end: envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then,
+    with --save-model, process 0 writes the final model, reloads it from disk into a new agent and evaluates it, as a
+    user who loads it evaluates it."""
+    envs.close()
+    remove_old_phases(run.run_dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
+    end_processes(args.world_size)
+    if run.rank != 0:
+        leave(args.world_size)
+    if args.save_model:
+        model_path = os.path.join(run.run_dir, "ppg_procgen.model")
+        save_checkpoint(model_path, "model", args, run.run_dir, model=agent.state_dict())
+        eval_agent = Agent(run.obs_space, run.action_space, args.arch).to(run.device)
+        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
+        returns = evaluate(eval_agent, args, run.device, video_path(args, run.run_dir))
+        log_final_eval(run.writer, returns, global_step, model_path)
+    finish(run.writer, run.run_dir)
+    leave(args.world_size)
 
 
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -349,118 +759,6 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(parts, local)
     return torch.cat(parts)
-
-
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-def scale_reward(
-    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
-):
-    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
-
-    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
-    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
-    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
-    """
-    discounted_return = discounted_return * gamma + reward
-    rms.update(discounted_return[:, None])
-    return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
-
-    With next-step autoreset the observation after a truncated step is the real final observation, so
-    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
-    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
-    (valid = 0) gets advantage 0 and is masked out of the loss.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
-        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
-
-
-def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor, world_size: int = 1) -> torch.Tensor:
-    """Over the whole batch, once, before the minibatches (the reference's compute_advantage); reset steps excluded.
-    Under torchrun the whole batch is every process's rollout: the count, sum and squared deviations are summed over the
-    processes (two small all-reduces per iteration), so every process normalises with the moments of the whole batch."""
-    moments = torch.stack([valid.sum(), (advantages * valid).sum()])
-    if world_size > 1:
-        dist.all_reduce(moments)
-    count, mean = moments[0], moments[1] / moments[0]
-    squares = ((advantages - mean) ** 2 * valid).sum()
-    if world_size > 1:
-        dist.all_reduce(squares)
-    return (advantages - mean) / ((squares / count).sqrt() + 1e-8) * valid
-
-
-def policy_loss(logits, actions, oldlogprob, advantages, newvalue, returns, mask, count, clip_coef, ent_coef, vf_coef):
-    """Clipped surrogate - entropy bonus + value loss (value network) over the valid entries of a chunk, each a mean over
-    the `count` valid entries of the whole minibatch: the chunks' losses add up to the minibatch's.
-
-    Returns the loss and, detached, the sums of (policy loss, value loss, entropy, approx KL, clip fraction).
-    """
-    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
-    logratio = dist.log_prob(actions) - oldlogprob
-    ratio = logratio.exp()
-    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
-    v = 0.5 * (newvalue - returns) ** 2  # no value clipping: the reference has none
-    entropy = dist.entropy()
-    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
-        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > clip_coef).float()
-    terms = torch.stack([pg, v, entropy, approx_kl, clipped]) * mask
-    sums = terms.sum(1) / count
-    return sums[0] - ent_coef * sums[2] + vf_coef * sums[1], sums.detach()
-
-
-def categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
-    """KL(old || new) per row, as the reference's td.kl_divergence(oldpd, pd)."""
-    old_logp, new_logp = F.log_softmax(old_logits, -1), F.log_softmax(new_logits, -1)
-    return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
-
-
-def aux_loss(logits, old_logits, aux_value, value, returns, mask, count, beta_clone: float, vf_true_weight: float):
-    """The auxiliary phase's joint loss (Cobbe et al. 2021, eq. 2 and 4): 0.5 (V_aux - R)^2 on the policy network's aux
-    head + beta_clone KL(pi_old || pi) + vf_true_weight 0.5 (V - R)^2 on the value network; means over the `count` valid
-    entries of the minibatch, as in policy_loss. Returns the loss and the detached sums of the three terms."""
-    terms = torch.stack([0.5 * (aux_value - returns) ** 2, categorical_kl(old_logits, logits), 0.5 * (value - returns) ** 2])
-    sums = (terms * mask).sum(1) / count
-    return sums[0] + beta_clone * sums[1] + vf_true_weight * sums[2], sums.detach()
 
 
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
@@ -481,160 +779,25 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
-    if max_grad_norm > 0:
-        nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=set_to_none)
-
-
-def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step, one chunk of a policy-phase and of an auxiliary minibatch (forward, loss, backward: the chunks'
-    gradients add up) and each phase's optimiser step, the functions `--compile` hands to torch.compile (LeanRL's
-    approach: the same code, traced once); without it they run eagerly, as written here."""
-    params = list(agent.parameters())
-
-    def policy_chunk(obs, actions, logprobs, advantages, returns, valid, count):
-        logits, _, newvalue = agent(obs)
-        loss, sums = policy_loss(
-            logits, actions, logprobs, advantages, newvalue, returns, valid, count, args.clip_coef, args.ent_coef, args.vf_coef
-        )
-        loss.backward()
-        return sums
-
-    def aux_chunk(obs, old_logits, returns, valid, count):
-        logits, aux_value, value = agent(obs)
-        loss, sums = aux_loss(
-            logits, old_logits, aux_value, value, returns, valid, count, args.beta_clone, args.vf_true_weight
-        )
-        loss.backward()
-        return sums
-
-    def policy_step():
-        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
-            average_gradients(params, args.world_size)
-        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
-
-    def aux_step():
-        if args.world_size > 1:
-            average_gradients(params, args.world_size)
-        optimizer_step(aux_optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
-
-    steps = dict(act=agent.act, policy_chunk=policy_chunk, policy_step=policy_step, aux_chunk=aux_chunk, aux_step=aux_step)
-    if not args.compile:
-        return steps
-    # Compiled, the gradients are allocated once and zeroed in place: under CUDA graph trees a chunk's backward would
-    # leave them in the graph's memory, which the next chunk's replay overwrites (pytorch/pytorch#169545). A parameter
-    # that a phase's loss does not reach (the aux head in the policy phase) gets a zero gradient, and Adam's step on it is
-    # exactly 0. dynamic=False: one graph per shape; a minibatch's last, shorter chunk adds at most one (policy phase)
-    # or three (auxiliary phase, whose last minibatch can hold fewer rollouts) compiles, rather than a dynamic-shape graph
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
-
-
-def policy_update(steps: dict, batch: dict, args: Args) -> torch.Tensor:
-    """The policy phase's PPO update on one rollout: E_pi epochs of minibatches, each in chunks whose gradients add up.
-    Returns the mean per minibatch of (policy loss, value loss, entropy, approx KL, clip fraction). Under torchrun the
-    rollout and each minibatch are this process's share (1 / world_size) of the whole batch's and minibatch's."""
-    stats, num_updates, size = torch.zeros(5, device=batch["obs"].device), 0, len(batch["obs"])
-    for _epoch in range(args.update_epochs):
-        perm = torch.randperm(size, device=batch["obs"].device)
-        for mb in perm.split(size // args.num_minibatches):
-            count = batch["valid"][mb].sum().clamp(min=1.0)
-            for chunk in mb.split(args.chunk_size):
-                c = {k: v[chunk] for k, v in batch.items()}
-                stats += steps["policy_chunk"](
-                    c["obs"], c["actions"], c["logprobs"], c["advantages"], c["returns"], c["valid"], count
-                )
-            steps["policy_step"]()
-            num_updates += 1
-    return stats / num_updates
-
-
-def old_policy_logits(agent: Agent, phase_obs: torch.Tensor, chunk: int) -> torch.Tensor:
-    """The policy before the auxiliary phase on every frame of the phase (the reference's compute_presleep_outputs),
-    written chunk by chunk into one preallocated tensor (a list of pieces joined at the end fragments the heap: +0.15 GB
-    peak RSS with the defaults on a CPU)."""
-    flat = phase_obs.reshape((-1,) + phase_obs.shape[-3:])
-    logits = torch.empty((len(flat), agent.actor.out_features), device=flat.device)
-    with torch.no_grad():
-        for i in range(0, len(flat), chunk):
-            logits[i : i + chunk] = agent.policy(flat[i : i + chunk])[0]
-    return logits
-
-
-def aux_minibatches(perm: torch.Tensor, aux_rollouts: int, num_envs: int):
-    """Minibatches of whole rollouts across the phase, as the reference's make_minibatches: each rollout is one env's
-    num_steps in one policy iteration; yields (iteration index, env index) tensors of aux_rollouts rollouts."""
-    for rollouts in perm.split(aux_rollouts):
-        yield rollouts // num_envs, rollouts % num_envs
-
-
-def aux_update(steps: dict, phase: dict, slots, envs_idx, args: Args) -> torch.Tensor:
-    """One auxiliary minibatch: the rollouts' frames gathered (uint8) from the phase buffer, trained in chunks."""
-    T = phase["obs"].shape[1]
-    time_idx = torch.arange(T, device=slots.device)
-    index = (slots[:, None], time_idx[None, :], envs_idx[:, None])  # (rollouts, T): rollout by rollout, in time order
-    obs = phase["obs"][index].flatten(0, 1)
-    old_logits = phase["old_logits"][index].flatten(0, 1)
-    returns, valid = phase["returns"][index].flatten(), phase["valid"][index].flatten()
-    count, sums = valid.sum().clamp(min=1.0), torch.zeros(3, device=valid.device)
-    for chunk in torch.arange(len(obs), device=valid.device).split(args.chunk_size):
-        sums += steps["aux_chunk"](obs[chunk], old_logits[chunk], returns[chunk], valid[chunk], count)
-    steps["aux_step"]()
-    return sums
-
-
-def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
-    """The auxiliary phase from `state` (epoch, minibatches done, old policy logits) on: E_aux epochs over the phase's
-    rollouts in random minibatches of whole rollouts. Returns None when it has finished, or, when a stop was requested,
-    the state to resume from (it can take an hour on a CPU, so a stop does not wait for its end). Under torchrun each
-    process trains on its own envs' rollouts, aux_rollouts / world_size of them per minibatch; process 0 (the one with a
-    writer) logs the loss terms' mean over the processes."""
-    num_envs, per_minibatch = phase["obs"].shape[2], args.aux_rollouts // args.world_size  # this process's share
-    rollouts = phase["obs"].shape[0] * num_envs
-    minibatches = -(-rollouts // per_minibatch)
-    old_logits = state["old_logits"].to(phase["obs"].device).reshape(phase["obs"].shape[:3] + (-1,))
-    started, last_print, done_here = time.time(), time.time(), 0
-    while state["epoch"] < args.e_aux:
-        if state["done"] == 0:
-            state["perm"] = torch.randperm(rollouts, device=phase["obs"].device)
-            state["sums"] = torch.zeros(3, device=phase["obs"].device)
-        state["perm"], state["sums"] = state["perm"].to(phase["obs"].device), state["sums"].to(phase["obs"].device)
-        todo = state["perm"][state["done"] * per_minibatch :]
-        for slots, envs_idx in aux_minibatches(todo, per_minibatch, num_envs):
-            state["sums"] += aux_update(steps, dict(phase, old_logits=old_logits), slots, envs_idx, args)
-            state["done"] += 1
-            done_here += 1
-            if writer is not None and time.time() - last_print > args.progress_interval:  # it takes minutes: say where
-                last_print = time.time()
-                left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
-                eta = (time.time() - started) / done_here * left
-                print(
-                    f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch "
-                    f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
-                    flush=True,
-                )
-            # under torchrun decided together, an all-reduce and a host sync per minibatch: small beside the minibatch's
-            # aux_rollouts x num_steps frames through both networks
-            if stop_everywhere(stop, args.world_size, phase["obs"].device):
-                return state
-        # the last epoch's mean loss terms are the ones logged
-        aux_values = mean_over_processes(state["sums"] / minibatches, args.world_size).tolist()
-        state["epoch"], state["done"] = state["epoch"] + 1, 0
-    if writer is None:
-        return None
-    for name, value in zip(("aux_value_loss", "bc_kl", "aux_true_value_loss"), aux_values, strict=True):
+def log_policy_iteration(run, episodes, stats, values, batch, optimizer, iteration, started, global_step, args) -> None:
+    """Process 0's log of a policy iteration: every process's finished episodes at the steps they ended, the update's
+    mean losses, the explained variance of the value predictions, the learning rate, the phase, the policy phase's
+    speed and the progress line."""
+    writer, progress = run.writer, run.progress
+    explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
+    slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
+    for step, fin_returns, fin_lengths in episodes:
+        progress.log_episodes(writer, fin_returns, fin_lengths, step)
+    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+    for name, value in zip(names, torch.cat([stats, explained.reshape(1)]).tolist(), strict=True):
         writer.add_scalar(f"losses/{name}", value, global_step)
-    writer.add_scalar("charts/aux_epoch_seconds", (time.time() - started) / max(done_here / minibatches, 1e-9), global_step)
-    return None
+    seconds, last = time.time() - started, iteration == args.num_iterations
+    writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+    writer.add_scalar("charts/phase", phase_number, global_step)
+    writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / seconds), global_step)
+    progress.log(writer, global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation, argument checks and the phase's frames in a checkpoint
-# ---------------------------------------------------------------------------------------------------------------
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
     """Play one full episode (raw score) on each of args.eval_episodes envs. Returns the episodes' returns.
     Video: env 0's observations, the 64x64 frames the agent sees."""
@@ -736,9 +899,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         )
     envs_each = args.num_envs // args.world_size
     each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
+    derived_sizes(args)
     if envs_each * args.num_steps % args.num_minibatches:
         fail(
             f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
@@ -796,13 +957,12 @@ def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
             os.remove(os.path.join(run_dir, name))
 
 
-def write_checkpoint(
-    run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, rank
-):
+def write_checkpoint(run, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, args):
     """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped), written
     by process 0. While an auxiliary phase is still to come, every process's frames of the phase so far go beside it
     (save_phase), and at the run's last iteration those a longer run would train on. It holds one entry per process of
     the phase, the auxiliary phase's state and the RNG states."""
+    run_dir, rank = run.run_dir, run.rank
     filled = (iteration - 1) % phase["obs"].shape[0] + 1
     # the frames an auxiliary phase is still to train on: a phase not yet whole, or one whose auxiliary phase has begun,
     # or, at the run's last iteration, was skipped (restore_ppg runs it when a longer --total-timesteps extends the run)
@@ -824,10 +984,11 @@ def write_checkpoint(
     remove_old_phases(run_dir, rank, saved_phase["file"] if saved_phase else None)
 
 
-def restore_ppg(ckpt, agent, optimizer, aux_optimizer, return_rms, phase, rank: int, args: Args, device, run_dir):
+def restore_ppg(run, agent, optimizer, aux_optimizer, return_rms, phase, args: Args):
     """--resume: weights, both Adams' moments, the reward statistics, this process's frames of the phase so far, where
     the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
     auxiliary phase's state (0, 1 and None for a new run)."""
+    ckpt, rank, device, run_dir = run.ckpt, run.rank, run.device, run.run_dir
     if ckpt is None:
         return 0, 1, None
     rng = process_rng(ckpt, rank, args.world_size)  # a checkpoint of another number of processes: refused first
@@ -851,19 +1012,6 @@ def restore_ppg(ckpt, agent, optimizer, aux_optimizer, return_rms, phase, rank: 
     return ckpt["global_step"], ckpt["iteration"] + 1, aux_state
 
 
-def save_reload_and_evaluate_ppg(agent, obs_space, action_space, args: Args, device, writer, run_dir, global_step):
-    """--save-model: the final model written, reloaded from disk into a new agent and evaluated, as a user who loads it
-    evaluates it."""
-    model_path = os.path.join(run_dir, "ppg_procgen.model")
-    save_checkpoint(model_path, "model", args, run_dir, model=agent.state_dict())
-    eval_agent = Agent(obs_space, action_space, args.arch).to(device)
-    eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
-    log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), global_step, model_path)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
-# ---------------------------------------------------------------------------------------------------------------
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
     """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
     enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
@@ -1004,177 +1152,6 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     end_processes(args.world_size)
     leave(args.world_size, 128 + stop[0])
     sys.exit(128 + stop[0])
-
-
-def log_policy_iteration(writer, progress, episodes, stats, explained, optimizer, where, started, global_step, args) -> None:
-    """Process 0's log of a policy iteration: every process's finished episodes at the steps they ended, the update's
-    mean losses, the explained variance of the value predictions, the learning rate, the phase, the policy phase's
-    speed and the progress line. `where`: (phase number, slot in the phase, whether it is the run's last iteration)."""
-    for step, fin_returns, fin_lengths in episodes:
-        progress.log_episodes(writer, fin_returns, fin_lengths, step)
-    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
-    for name, value in zip(names, torch.cat([stats, explained.reshape(1)]).tolist(), strict=True):
-        writer.add_scalar(f"losses/{name}", value, global_step)
-    (phase_number, slot, last), seconds = where, time.time() - started
-    writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
-    writer.add_scalar("charts/phase", phase_number, global_step)
-    writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / seconds), global_step)
-    progress.log(writer, global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
-    args.env_id = procgen_env_id(args.env_id)
-    obs_space, action_space = env_spaces(args.env_id)
-    check_args(args, obs_space, action_space)
-    rank, device, note = start_processes(args)
-    check_storage(storage(args, obs_space, action_space, device))
-    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    # process 0 alone writes logs, checkpoints and models; under torchrun the others write there only their frames of
-    # the phase for a resume (save_phase), so they take process 0's run name
-    run_name = gather_objects(ckpt["run_name"] if ckpt else new_run_name(args), args.world_size)[0]
-    run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
-    if rank == 0:
-        say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
-        if note:
-            print(note, flush=True)
-
-    agent = Agent(obs_space, action_space, args.arch).to(device)  # the same weights in every process
-    # an Adam per phase over both networks, with PyTorch's default eps, as the reference; compiled, the rates are
-    # tensors, so that annealing them does not recompile the optimiser steps
-    lr0, aux_lr0 = (
-        torch.tensor(lr, device=device) if args.compile else lr for lr in (args.learning_rate, args.aux_learning_rate)
-    )
-    # fused: one kernel for all parameters, not a loop over tensors; compiled, inductor fuses the foreach one
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, fused=not args.compile)
-    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=aux_lr0, fused=not args.compile)
-    steps = training_steps(agent, optimizer, aux_optimizer, args)
-    return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
-    # the phase's frames, kept once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its rollouts
-    # straight into them. Reset steps are kept (masked out of every loss): a fixed shape, whole rollouts in time order
-    slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs // args.world_size
-    phase = dict(
-        obs=torch.empty((slots, T, N) + obs_space.shape, dtype=torch.uint8, device=device),
-        returns=torch.zeros((slots, T, N), device=device),
-        valid=torch.zeros((slots, T, N), device=device),
-    )
-    if args.world_size > 1:  # each process samples its own actions and minibatches
-        torch.manual_seed(args.seed + rank)
-    global_step, start_iteration, aux_state = restore_ppg(
-        ckpt, agent, optimizer, aux_optimizer, return_rms, phase, rank, args, device, run_dir
-    )
-    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
-    progress = Progress(args, global_step, args.total_timesteps)
-    stop = stop_requests()
-
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
-    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
-    actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
-    next_obs = torch.as_tensor(envs.reset()[0], device=device)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    discounted_return = np.zeros(N)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-
-    if aux_state is not None:  # resumed inside an auxiliary phase: its remaining minibatches come first
-        aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
-        if aux_state is not None:  # stopped again (every process at the same minibatch)
-            iteration = start_iteration - 1
-            write_checkpoint(
-                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, rank
-            )
-            envs.close()
-            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}, inside an auxiliary phase")
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        slot, phase_number = (iteration - 1) % slots, (iteration - 1) // args.n_pi + 1
-        # annealing, when on, runs over the whole run's policy iterations, not restarting each phase
-        for opt, base in ((optimizer, args.learning_rate), (aux_optimizer, args.aux_learning_rate)):
-            lr = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
-            if args.compile:
-                opt.param_groups[0]["lr"].fill_(lr)
-            else:
-                opt.param_groups[0]["lr"] = lr
-        iteration_start = time.time()
-
-        # --- policy phase: rollout, written into the phase buffer ---
-        obs, finished = phase["obs"][slot], []
-        for step in range(T):
-            global_step += args.num_envs  # every process's envs
-            obs[step] = next_obs
-            with torch.no_grad():
-                actions[step], logprobs[step], values[step] = steps["act"](next_obs)
-            next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
-            done = term | trunc
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
-            if return_rms is not None:
-                # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma (see docs/ppg_procgen.md)
-                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            next_obs = torch.as_tensor(next_obs_np, device=device)
-            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-                ep_return, ep_length, reward, next_valid, done
-            )
-            finished.append((global_step, fin_returns, fin_lengths))
-            next_valid = ~done
-
-        # --- advantages, the phase's value targets, PPO update ---
-        with torch.no_grad():
-            advantages, returns = compute_gae(
-                rewards, values, agent.value(next_obs), terminations, dones, valid, args.gamma, args.gae_lambda
-            )
-        phase["returns"][slot], phase["valid"][slot] = returns, valid
-        batch = dict(
-            obs=obs.reshape((-1,) + obs_space.shape), actions=actions.reshape(-1), logprobs=logprobs.reshape(-1),
-            advantages=normalize_advantages(advantages, valid, args.world_size).reshape(-1), returns=returns.reshape(-1),
-            valid=valid.reshape(-1),
-        )  # fmt: skip
-        stats = policy_update(steps, batch, args)
-
-        # --- logging (process 0, with every process's episodes): one host sync per iteration ---
-        episodes = gather_episodes(finished, args.world_size)
-        if rank == 0:
-            explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
-            where = (phase_number, slot, iteration == args.num_iterations)
-            log_policy_iteration(
-                writer, progress, episodes, stats, explained, optimizer, where, iteration_start, global_step, args
-            )
-
-        # --- auxiliary phase: after every N_pi policy iterations, but not after the last (the reference's loop) ---
-        if args.e_aux > 0 and iteration % args.n_pi == 0 and iteration < args.num_iterations:
-            old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
-            aux_state = dict(epoch=0, done=0, phase=phase_number, old_logits=old_logits)
-            aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
-
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
-        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(
-                run_dir, args, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, rank
-            )
-        if stopping:
-            envs.close()
-            where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
-            stop_processes_and_exit(stop, writer, args, run_dir, where)
-
-    # --- final model (process 0): saved, reloaded from disk, evaluated ---
-    envs.close()
-    remove_old_phases(run_dir, rank, f"phase_{args.num_iterations}_process{rank}.u8")  # a last checkpoint's frames stay
-    end_processes(args.world_size)
-    if rank != 0:
-        leave(args.world_size)
-    if args.save_model:
-        save_reload_and_evaluate_ppg(agent, obs_space, action_space, args, device, writer, run_dir, global_step)
-    finish(writer, run_dir)
-    leave(args.world_size)
 
 
 # ===============================================================================================================

@@ -1,64 +1,26 @@
-"""Tabular Q-learning (Watkins 1989; Sutton & Barto 2018, ch. 6.5) over many envs; benchmark: `bash benchmark/qlearning.sh`."""
+"""Tabular Q-learning (Watkins 1989; Sutton & Barto 2018, ch. 6.5) over many envs; benchmark: `bash benchmark/qlearning.sh`.
 
-import ast
-import contextlib
+Reading guide: down to the line `# The algorithm ends here`, the algorithm: Args, the grid of Box observations, the
+maths (discretise, q_update, schedules, greedy policy, exact return) and main, the loop. Below it: this file's machinery
+(presets, envs, exact evaluation, pictures, storage, checks, start_run, end_run), then the plumbing all eight files share.
+"""
+
 import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
 import os
-import random
-import re
-import signal
-import sys
-import time
-import types
-import typing
-import warnings
 from dataclasses import dataclass
 
-import gymnasium as gym
 import numpy as np
 import torch
 import tyro
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
-    exp_name: str = "qlearning"
-    """name of this experiment, part of the run directory name"""
+    # --- the algorithm ---
     env_id: str = "FrozenLake-v1"
-    """envpool id (FrozenLake-v1, FrozenLake8x8-v1, Taxi-v3, CliffWalking-v0, MountainCar-v0, CartPole-v1, Acrobot-v1)
-    or any gymnasium id with a Discrete action space, including 'module:Env-v0'"""
-    seed: int = 1
-    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = False
-    """use CUDA when it is available (off by default: a table's updates are too small to gain from a GPU)"""
-    save_model: bool = False
-    """save the final table to runs/<run>/qlearning.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the greedy policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 1000
-    """episodes per evaluation (one per eval env)"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_every: int = 10_000
-    """write charts/SPS, the learning rate, epsilon, losses/td_error and eval/exact_return every this many env steps
-    (charts/episodic_return has one point per finished episode)"""
-
-    # --- algorithm ---
+    """envpool id (FrozenLake, Taxi, CliffWalking, classic control) or any gymnasium id with a Discrete action space"""
     total_timesteps: int = 300_000
-    """total env steps over all envs; raised on --resume, it extends a finished or stopped run (epsilon's and the step
-    size's schedules then follow the new total from the step the run resumes at)"""
+    """total env steps over all envs; raised on --resume, it extends a finished or stopped run"""
     num_envs: int = 64
     """parallel envs; each vector step updates the table once with all of their transitions"""
     gamma: float = 0.99
@@ -66,8 +28,7 @@ class Args:
     learning_rate: float = 0.1
     """step size of the update at the start of training"""
     lr_decay: bool = True
-    """decay the step size linearly to --end-learning-rate over the run (a constant step size keeps the table noisy in
-    stochastic envs)"""
+    """decay the step size linearly to --end-learning-rate over the run"""
     end_learning_rate: float = 0.01
     """step size at the end of training, with --lr-decay"""
     start_e: float = 1.0
@@ -77,21 +38,203 @@ class Args:
     exploration_fraction: float = 0.5
     """fraction of total_timesteps over which epsilon decays linearly from start_e to end_e"""
     max_episode_steps: int = 0
-    """episode cap for envs without a time limit, truncated (and bootstrapped) like a time limit (0: the env's own)"""
+    """episode cap, truncated (and bootstrapped) like a time limit (0: the env's own)"""
     bins: int = 10
     """Box observations: cells per dimension of the uniform grid"""
     obs_low: tuple[float, ...] | None = None
-    """Box observations: lower bounds of the grid per dimension (default: the space's, required where it is unbounded)"""
+    """Box observations: the grid's lower bound per dimension (default: the space's; needed where it is unbounded)"""
     obs_high: tuple[float, ...] | None = None
-    """Box observations: upper bounds of the grid per dimension (default: the space's, required where it is unbounded)"""
+    """Box observations: the grid's upper bound per dimension (default: the space's; needed where it is unbounded)"""
+
+    # --- the run ---
+    exp_name: str = "qlearning"
+    """name of this experiment, part of the run directory name"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = False
+    """use CUDA when it is available (off by default: a table's updates are too small to gain from a GPU)"""
+    save_model: bool = False
+    """save the final table to runs/<run>/qlearning.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the greedy policy on separate envs every this many env steps (0: only at the end, with --save-model)"""
+    eval_episodes: int = 1000
+    """episodes per evaluation (one per eval env)"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_every: int = 10_000
+    """write the learning rate, epsilon, TD error and exact return every this many env steps"""
     optimum_tolerance: float = 0.02
-    """toy text: report the step and training time at which the greedy policy's exact return first comes within this
-    of the exact optimum"""
+    """toy text: report when the greedy policy's exact return comes within this of the exact optimum"""
 
     # --- computed at start-up ---
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // num_envs vector steps (computed)"""
 
+
+@dataclass
+class Grid:
+    """A uniform grid over a Box: `bins` cells per dimension between low and high; values outside fall in the edge
+    cells. A Discrete space is its own table (bins = 0)."""
+
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+    bins: int = 0
+
+    @property
+    def num_states(self) -> int:
+        return self.bins ** len(self.low)
+
+
+def discretise(obs: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """Row of the table for each observation: Discrete ids as they are; Box vectors by their grid cell.
+
+    A value on an inner bin edge belongs to the cell above it (where the edge is exact in binary floating point; an
+    edge such as 1/49 of the range may round to the cell below); values at or beyond the bounds fall in the edge cells.
+    """
+    if not grid.bins:
+        return obs.long()
+    low = torch.tensor(grid.low, dtype=torch.float64, device=obs.device)
+    high = torch.tensor(grid.high, dtype=torch.float64, device=obs.device)
+    x = obs.reshape(obs.shape[0], -1).double()
+    cells = torch.floor((x - low) / (high - low) * grid.bins).long().clamp(0, grid.bins - 1)
+    strides = grid.bins ** torch.arange(cells.shape[1] - 1, -1, -1, device=obs.device)
+    return (cells * strides).sum(1)
+
+
+def q_update(q, states, actions, rewards, next_states, terminations, valid, gamma: float, lr: float) -> torch.Tensor:
+    """One Watkins Q-learning update of the table `q` (states x actions), in place, from a batch of transitions.
+
+    target = r + gamma * max_a' Q(s', a'), without the bootstrap where the step terminated; a truncated step
+    bootstraps from s', which next-step autoreset hands over as the real final observation. `valid` = 0 masks the
+    reset step that follows a done. Duplicates: every target is computed from the table as it was before the batch,
+    and a pair that occurs n times moves towards the mean of its n targets by 1 - (1 - lr)^n, what n updates in a
+    row would do with equal targets. (Plain `q[s, a] += ...` keeps one arbitrary duplicate: last write wins on the CPU,
+    undefined on CUDA. index_add_ counts every duplicate, and its result does not depend on their order, up to rounding.)
+    Returns the mean |TD error| over the valid transitions.
+    """
+    num_actions = q.shape[1]
+    flat = q.view(-1)
+    idx = states * num_actions + actions
+    target = rewards + gamma * q[next_states].max(1).values * (1.0 - terminations)
+    td = (target - flat[idx]) * valid
+    # occurrences of each transition's pair in the batch: O(batch^2), no table-sized work per step
+    n = ((idx[:, None] == idx[None, :]) * valid[None, :]).sum(1).clamp(min=1.0)
+    flat.index_add_(0, idx, (1.0 - (1.0 - lr) ** n) * td / n)
+    return td.abs().sum() / valid.sum().clamp(min=1.0)
+
+
+def linear_interp(start: float, end: float, duration: float, t: int) -> float:
+    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule), in either direction;
+    duration 0 is end at once. Schedules both epsilon and the step size."""
+    return start + (end - start) * min(t / max(duration, 1e-9), 1.0)
+
+
+def greedy_actions(q: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Argmax with ties broken towards the lowest action, so the greedy policy is a function of the table."""
+    return q[states].argmax(1)
+
+
+def exact_return(tables, policy: np.ndarray | None, horizon: int) -> float:
+    """Expected undiscounted return over `horizon` steps from the start distribution: of `policy` (one action per
+    state), or with policy None the optimum by finite-horizon value iteration. `tables`: see transition_tables."""
+    P, R, T, start = tables
+    cont = P - T  # probability of going on to s' without the episode ending
+    v = np.zeros(P.shape[0])
+    if policy is not None:
+        rows = np.arange(len(policy))
+        cont_pi, r_pi = cont[rows, policy], R[rows, policy]
+        for _ in range(horizon):
+            v = r_pi + cont_pi @ v
+        return float(start @ v)
+    for _ in range(horizon):
+        v = (R + cont @ v).max(1)
+    return float(start @ v)
+
+
+def main(args: Args) -> None:
+    # --- set-up: checks, device, storage, checkpoint, run directory, writer, exact optimum (start_run, below) ---
+    run = start_run(args)
+    device, grid, N = run.device, run.grid, args.num_envs
+    writer, progress, stop = run.writer, run.progress, run.stop
+    # the table: a row per state (per grid cell for Box observations), a column per action, zeros to start
+    q = torch.zeros((run.num_states, run.num_actions), dtype=torch.float64, device=device)
+    global_step, start_iteration = run.global_step, run.start_iteration
+    if run.ckpt:  # resume
+        q.copy_(run.ckpt["q"])
+
+    # envs are not restored by a resume, so its envs take a fresh seed
+    envs = make_env(args.env_id, N, args.seed + global_step, args.max_episode_steps)
+    next_obs = discretise(torch.as_tensor(envs.reset()[0], device=device), grid)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    td_sum, td_count = torch.zeros((), dtype=torch.float64, device=device), 0
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        global_step += N
+        epsilon = linear_interp(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+        lr = linear_interp(args.learning_rate, args.end_learning_rate, args.total_timesteps, global_step)
+        lr = lr if args.lr_decay else args.learning_rate
+
+        # --- act: epsilon-greedy ---
+        states = next_obs
+        explore = torch.rand(N, device=device) < epsilon
+        actions = torch.where(explore, torch.randint(0, run.num_actions, (N,), device=device), greedy_actions(q, states))
+
+        # --- step ---
+        next_obs_np, reward, term, trunc, _ = envs.step(actions.cpu().numpy())
+        done = term | trunc
+        step_data = torch.as_tensor(np.stack([reward, term, next_valid]), dtype=torch.float64, device=device)
+        next_obs = discretise(torch.as_tensor(next_obs_np, device=device), grid)
+
+        # --- Q update: the reset step after a done is masked out ---
+        td_sum += q_update(q, states, actions, step_data[0], next_obs, step_data[1], step_data[2], args.gamma, lr)
+        td_count += 1
+
+        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
+        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        next_valid = ~done
+
+        # --- logging: every log_every env steps, one host sync ---
+        last = iteration == args.num_iterations
+        if crossed(global_step, N, args.log_every) or last:
+            writer.add_scalar("charts/learning_rate", lr, global_step)
+            writer.add_scalar("charts/epsilon", epsilon, global_step)
+            writer.add_scalar("losses/td_error", (td_sum / max(td_count, 1)).item(), global_step)
+            td_sum.zero_()
+            td_count = 0
+            exact_text = log_exact_return(run, q, global_step, args.optimum_tolerance)  # toy text: greedy vs optimum
+            progress.log(writer, global_step, global_step, exact_text, force=last)
+
+        # --- evaluation, checkpoint, stop requests ---
+        if crossed(global_step, N, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(q, grid, args), global_step)
+        if crossed(global_step, N, args.checkpoint_every) or stop:
+            save_checkpoint(
+                os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir, q=q.cpu(),
+                grid=dataclasses.asdict(grid), global_step=global_step, iteration=iteration, rng=rng_state(device),
+            )  # fmt: skip
+        if stop:
+            stop_and_exit(stop, writer, envs, args, run.run_dir, f"step {global_step:,}")
+
+    # --- end: the greedy policy drawn, the final table saved, reloaded from disk and evaluated (end_run, below) ---
+    envs.close()
+    end_run(args, run, q, global_step)
+
+
+# The algorithm ends here; a learner may stop. Below: presets, envs, exact evaluation, checks, then the shared run plumbing.
+# --- This file's machinery: presets, envs, exact evaluation, pictures, storage, checks, start_run and end_run ---
+import difflib
+import time
+import types
+
+import gymnasium as gym
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
@@ -142,9 +285,6 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, **PRESETS.get(env_id, {}))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -198,12 +338,9 @@ class EpisodeCap:
     def step(self, actions: np.ndarray):
         if self.capped.any():
             run, capped = np.flatnonzero(~self.capped), np.flatnonzero(self.capped)
-            obs = np.zeros((self.num_envs,) + self.single_observation_space.shape, self.single_observation_space.dtype)
-            reward, term, trunc = (
-                np.zeros(self.num_envs, np.float32),
-                np.zeros(self.num_envs, bool),
-                np.zeros(self.num_envs, bool),
-            )
+            n, space = self.num_envs, self.single_observation_space
+            obs = np.zeros((n,) + space.shape, space.dtype)
+            reward, term, trunc = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
             if run.size:
                 o, r, te, tr, info = self.envs.step(actions[run], run)
                 ids = info["env_id"]
@@ -261,23 +398,6 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Observations to table rows
-# ---------------------------------------------------------------------------------------------------------------
-@dataclass
-class Grid:
-    """A uniform grid over a Box: `bins` cells per dimension between low and high; values outside fall in the edge
-    cells. A Discrete space is its own table (bins = 0)."""
-
-    low: tuple[float, ...] = ()
-    high: tuple[float, ...] = ()
-    bins: int = 0
-
-    @property
-    def num_states(self) -> int:
-        return self.bins ** len(self.low)
-
-
 def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
     if isinstance(obs_space, gym.spaces.Discrete):
         return Grid()
@@ -296,61 +416,6 @@ def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
     return Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
 
 
-def discretise(obs: torch.Tensor, grid: Grid) -> torch.Tensor:
-    """Row of the table for each observation: Discrete ids as they are; Box vectors by their grid cell.
-
-    A value on an inner bin edge belongs to the cell above it (where the edge is exact in binary floating point; an
-    edge such as 1/49 of the range may round to the cell below); values at or beyond the bounds fall in the edge cells.
-    """
-    if not grid.bins:
-        return obs.long()
-    low = torch.tensor(grid.low, dtype=torch.float64, device=obs.device)
-    high = torch.tensor(grid.high, dtype=torch.float64, device=obs.device)
-    x = obs.reshape(obs.shape[0], -1).double()
-    cells = torch.floor((x - low) / (high - low) * grid.bins).long().clamp(0, grid.bins - 1)
-    strides = grid.bins ** torch.arange(cells.shape[1] - 1, -1, -1, device=obs.device)
-    return (cells * strides).sum(1)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def q_update(q, states, actions, rewards, next_states, terminations, valid, gamma: float, lr: float) -> torch.Tensor:
-    """One Watkins Q-learning update of the table `q` (states x actions), in place, from a batch of transitions.
-
-    target = r + gamma * max_a' Q(s', a'), without the bootstrap where the step terminated; a truncated step
-    bootstraps from s', which next-step autoreset hands over as the real final observation. `valid` = 0 masks the
-    reset step that follows a done. Duplicates: every target is computed from the table as it was before the batch,
-    and a pair that occurs n times moves towards the mean of its n targets by 1 - (1 - lr)^n, what n updates in a
-    row would do with equal targets. (Plain `q[s, a] += ...` keeps one arbitrary duplicate: last write wins on the CPU,
-    undefined on CUDA. index_add_ counts every duplicate, and its result does not depend on their order, up to rounding.)
-    Returns the mean |TD error| over the valid transitions.
-    """
-    num_actions = q.shape[1]
-    flat = q.view(-1)
-    idx = states * num_actions + actions
-    target = rewards + gamma * q[next_states].max(1).values * (1.0 - terminations)
-    td = (target - flat[idx]) * valid
-    # occurrences of each transition's pair in the batch: O(batch^2), no table-sized work per step
-    n = ((idx[:, None] == idx[None, :]) * valid[None, :]).sum(1).clamp(min=1.0)
-    flat.index_add_(0, idx, (1.0 - (1.0 - lr) ** n) * td / n)
-    return td.abs().sum() / valid.sum().clamp(min=1.0)
-
-
-def linear_interp(start: float, end: float, duration: float, t: int) -> float:
-    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule), in either direction;
-    duration 0 is end at once. Schedules both epsilon and the step size."""
-    return start + (end - start) * min(t / max(duration, 1e-9), 1.0)
-
-
-def greedy_actions(q: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """Argmax with ties broken towards the lowest action, so the greedy policy is a function of the table."""
-    return q[states].argmax(1)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Exact evaluation from gymnasium's transition table (toy text)
-# ---------------------------------------------------------------------------------------------------------------
 def table_env(env_id: str):
     """gymnasium's env of env_id, unwrapped, where it has a transition table (env.unwrapped.P over Discrete states:
     toy text); None elsewhere."""
@@ -393,26 +458,21 @@ def transition_tables(env_id: str):
     return P, R, T, np.asarray(env.initial_state_distrib)
 
 
-def exact_return(tables, policy: np.ndarray | None, horizon: int) -> float:
-    """Expected undiscounted return over `horizon` steps from the start distribution: of `policy` (one action per
-    state), or with policy None the optimum by finite-horizon value iteration."""
-    P, R, T, start = tables
-    cont = P - T  # probability of going on to s' without the episode ending
-    v = np.zeros(P.shape[0])
-    if policy is not None:
-        rows = np.arange(len(policy))
-        cont_pi, r_pi = cont[rows, policy], R[rows, policy]
-        for _ in range(horizon):
-            v = r_pi + cont_pi @ v
-        return float(start @ v)
-    for _ in range(horizon):
-        v = (R + cont @ v).max(1)
-    return float(start @ v)
+def log_exact_return(run: types.SimpleNamespace, q: torch.Tensor, global_step: int, tolerance: float) -> str:
+    """Toy text: writes the greedy policy's exact return, notes the step (and training seconds) from which it stays
+    within `tolerance` of the optimum in run.reached, and returns the progress line's text; nothing elsewhere."""
+    if run.tables is None:
+        return ""
+    with run.progress.paused():
+        greedy = exact_return(run.tables, q.argmax(1).cpu().numpy(), run.horizon)
+    run.writer.add_scalar("eval/exact_return", greedy, global_step)
+    if run.optimum - greedy > tolerance:
+        run.reached = None
+    elif run.reached is None:
+        run.reached = (global_step, time.time() - run.progress.start_time - run.progress.paused_seconds)
+    return f" | greedy exact {greedy:.4f} of {run.optimum:.4f}"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Pictures of grid worlds
-# ---------------------------------------------------------------------------------------------------------------
 def grid_map(env_id: str) -> tuple[list[str], str] | None:
     """(map rows, arrow per action) for the grid worlds; None for other envs."""
     from gymnasium.envs.toy_text.frozen_lake import MAPS
@@ -459,29 +519,17 @@ def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, titl
                 ax.text(j, i, names[c], ha="center", va="center", fontsize=7, color="white" if c != "G" else "black")
                 continue
             u, v = dx[arrows[int(q[i * w + j].argmax())]]
-            ax.arrow(
-                j - 0.3 * u,
-                i - 0.3 * v,
-                0.6 * u,
-                0.6 * v,
-                head_width=0.18,
-                head_length=0.14,
-                length_includes_head=True,
-                color="white",
-            )
+            style = dict(head_width=0.18, head_length=0.14, length_includes_head=True, color="white")
+            ax.arrow(j - 0.3 * u, i - 0.3 * v, 0.6 * u, 0.6 * v, **style)
             if c == "S":
                 ax.text(j - 0.42, i - 0.3, "start", fontsize=6, color="white")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation and argument checks of this algorithm
-# ---------------------------------------------------------------------------------------------------------------
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
     """Play one episode of the greedy policy on each of args.eval_episodes envs; returns the episodes' returns."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, args.max_episode_steps)
@@ -514,11 +562,8 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
             env_pool_bytes(args.env_id, args.num_envs), torch.device("cpu"), "lower --num-envs"),
     }  # fmt: skip
     if exact:
-        stores[f"the exact optimum's transition tables ({rows:,} states)"] = (
-            8 * rows * num_actions * (2 * rows + 1),
-            torch.device("cpu"),
-            "use dqn.py for a state space this large",
-        )
+        need = (8 * rows * num_actions * (2 * rows + 1), torch.device("cpu"), "use dqn.py for a state space this large")
+        stores[f"the exact optimum's transition tables ({rows:,} states)"] = need
     return stores
 
 
@@ -533,9 +578,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
         )
     env_id = args.env_id
     if not isinstance(action_space, gym.spaces.Discrete) or action_space.start != 0:
-        instead = (
-            "use ppo.py or ddpg_td3.py" if isinstance(action_space, gym.spaces.Box) else "pick an env with Discrete actions"
-        )
+        box = isinstance(action_space, gym.spaces.Box)
+        instead = "use ppo.py or ddpg_td3.py" if box else "pick an env with Discrete actions"
         fail(
             f"qlearning.py needs a Discrete action space (a table has one column per action); {env_id} has "
             f"{action_space}; {instead}"
@@ -568,11 +612,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
     return grid
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made ---
+def start_run(args: Args) -> types.SimpleNamespace:
+    """Every check before the run directory is made, then the device, the checkpoint read, the run directory, writer,
+    progress line, stop requests, and the exact optimum where gymnasium has the transition table; what main needs."""
     obs_space, action_space = env_spaces(args.env_id)
     grid = check_args(args, obs_space, action_space)
     device = seed_and_device(args)
@@ -580,18 +622,14 @@ def main(args: Args) -> None:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
-
-    q = torch.zeros((obs_space.n if not grid.bins else grid.num_states, action_space.n), dtype=torch.float64, device=device)
     global_step, start_iteration = 0, 1
     if ckpt:
-        q.copy_(ckpt["q"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         restore_rng(ckpt["rng"], device)
         print(f"resumed {run_dir} at step {global_step:,}")
     writer = open_writer(run_dir, args, global_step if ckpt else None)
     progress = Progress(args, global_step, args.total_timesteps)
     stop = stop_requests()
-
     # exact evaluation where gymnasium has the transition table (toy text): the optimum and the greedy policy's value,
     # from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)
     horizon = episode_horizon(args.env_id, args.max_episode_steps)
@@ -601,79 +639,21 @@ def main(args: Args) -> None:
         print(
             f"exact optimum over {horizon} steps from gymnasium's start states (value iteration on its table): {optimum:.4f}"
         )
+    num_states = obs_space.n if not grid.bins else grid.num_states
+    return types.SimpleNamespace(
+        device=device, grid=grid, num_states=num_states, num_actions=action_space.n, ckpt=ckpt, run_dir=run_dir,
+        global_step=global_step, start_iteration=start_iteration, writer=writer, progress=progress, stop=stop,
+        horizon=horizon, tables=tables, optimum=optimum, reached=None,
+    )  # fmt: skip
 
-    # envs are not restored by a resume, so its envs take a fresh seed
-    envs = make_env(args.env_id, args.num_envs, args.seed + global_step, args.max_episode_steps)
-    N = args.num_envs
-    next_obs = discretise(torch.as_tensor(envs.reset()[0], device=device), grid)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    td_sum, td_count = torch.zeros((), dtype=torch.float64, device=device), 0
-    reached = None  # (step, training seconds) from which the greedy policy stays within the tolerance of the optimum
 
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        global_step += N
-        epsilon = linear_interp(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
-        lr = linear_interp(args.learning_rate, args.end_learning_rate, args.total_timesteps, global_step)
-        lr = lr if args.lr_decay else args.learning_rate
-
-        # --- act: epsilon-greedy ---
-        states = next_obs
-        explore = torch.rand(N, device=device) < epsilon
-        actions = torch.where(explore, torch.randint(0, action_space.n, (N,), device=device), greedy_actions(q, states))
-        next_obs_np, reward, term, trunc, _ = envs.step(actions.cpu().numpy())
-        done = term | trunc
-        step_data = torch.as_tensor(np.stack([reward, term, next_valid]), dtype=torch.float64, device=device)
-        next_obs = discretise(torch.as_tensor(next_obs_np, device=device), grid)
-
-        # --- update: the reset step after a done is masked out ---
-        td_sum += q_update(q, states, actions, step_data[0], next_obs, step_data[1], step_data[2], args.gamma, lr)
-        td_count += 1
-
-        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
-        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
-        next_valid = ~done
-
-        # --- logging: every log_every env steps, one host sync ---
-        last = iteration == args.num_iterations
-        if crossed(global_step, N, args.log_every) or last:
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            writer.add_scalar("losses/td_error", (td_sum / max(td_count, 1)).item(), global_step)
-            td_sum.zero_()
-            td_count = 0
-            exact_text = ""
-            if tables is not None:
-                with progress.paused():
-                    greedy = exact_return(tables, q.argmax(1).cpu().numpy(), horizon)
-                writer.add_scalar("eval/exact_return", greedy, global_step)
-                exact_text = f" | greedy exact {greedy:.4f} of {optimum:.4f}"
-                if optimum - greedy > args.optimum_tolerance:
-                    reached = None
-                elif reached is None:
-                    reached = (global_step, time.time() - progress.start_time - progress.paused_seconds)
-            progress.log(writer, global_step, global_step, exact_text, force=last)
-
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, N, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(q, grid, args), global_step)
-        if crossed(global_step, N, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, q=q.cpu(),
-                grid=dataclasses.asdict(grid), global_step=global_step, iteration=iteration, rng=rng_state(device),
-            )  # fmt: skip
-        if stop:
-            stop_and_exit(stop, writer, envs, args, run_dir, f"step {global_step:,}")
-
-    envs.close()
-    if reached is not None:
-        print(
-            f"greedy policy within {args.optimum_tolerance} of the optimum from step {reached[0]:,} on "
-            f"({reached[1]:.1f} s of training)"
-        )
-
-    # --- the greedy policy: text grid and picture for grid worlds ---
+def end_run(args: Args, run: types.SimpleNamespace, q: torch.Tensor, global_step: int) -> None:
+    """When the greedy policy came within the tolerance of the optimum; the greedy policy as text and picture (grid
+    worlds); with --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
+    if run.reached is not None:
+        (step, seconds), tol = run.reached, args.optimum_tolerance
+        print(f"greedy policy within {tol} of the optimum from step {step:,} on ({seconds:.1f} s of training)")
+    tables, horizon, optimum, writer = run.tables, run.horizon, run.optimum, run.writer
     q_np = q.cpu().numpy()
     if (gmap := grid_map(args.env_id)) is not None:
         rows, arrows = gmap
@@ -681,21 +661,19 @@ def main(args: Args) -> None:
         title = f"{args.env_id}: greedy policy after {global_step:,} steps"
         if tables is not None:
             title += f"\nexact return {exact_return(tables, q_np.argmax(1), horizon):.4f} (optimum {optimum:.4f})"
-        save_policy_png(os.path.join(run_dir, "policy.png"), q_np, rows, arrows, title)
-        print(f"policy picture: {os.path.join(run_dir, 'policy.png')}")
-
-    # --- final table: saved, reloaded from disk, evaluated ---
+        save_policy_png(os.path.join(run.run_dir, "policy.png"), q_np, rows, arrows, title)
+        print(f"policy picture: {os.path.join(run.run_dir, 'policy.png')}")
     if args.save_model:
-        model_path = os.path.join(run_dir, "qlearning.model")
-        save_checkpoint(model_path, "model", args, run_dir, q=q.cpu(), grid=dataclasses.asdict(grid))
+        model_path = os.path.join(run.run_dir, "qlearning.model")
+        save_checkpoint(model_path, "model", args, run.run_dir, q=q.cpu(), grid=dataclasses.asdict(run.grid))
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_q = state["q"].to(device)
+        eval_q = state["q"].to(run.device)
         eval_returns = evaluate(eval_q, Grid(**state["grid"]), args)
         if tables is not None:
             exact = exact_return(tables, eval_q.argmax(1).cpu().numpy(), horizon)
             print(f"exact return of the reloaded table's greedy policy: {exact:.4f} (optimum {optimum:.4f})")
         log_final_eval(writer, eval_returns, global_step, model_path)
-    finish(writer, run_dir)
+    finish(writer, run.run_dir)
 
 
 # ===============================================================================================================

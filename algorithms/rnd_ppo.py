@@ -1,22 +1,11 @@
-"""RND, Random Network Distillation (Burda et al. 2019), with PPO on envpool Atari; benchmark: `bash benchmark/rnd_ppo.sh`."""
+"""RND, Random Network Distillation (Burda et al. 2019), with PPO on envpool Atari; benchmark: `bash benchmark/rnd_ppo.sh`.
 
-import ast
-import contextlib
-import dataclasses
-import difflib
-import importlib.util
-import inspect
-import io
-import os
-import random
-import re
-import signal
-import sys
-import time
-import traceback
-import types
-import typing
-import warnings
+Reading guide: this part is the algorithm (Args, the agent and RND's networks, the maths of the intrinsic reward and of
+both advantage streams, the update, then `main`), down to the line that begins `# The algorithm ends here`. Below it:
+this file's machinery (envs, statistics, memory, torchrun, evaluation, checks, start_run, end_run), then the run
+plumbing that all eight files share. docs/rnd_ppo.md says where each default and detail comes from.
+"""
+
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,59 +16,13 @@ import torch.distributed as dist
 import tyro
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.tensorboard import SummaryWriter
 
 
 @dataclass
 class Args:
-    # --- run infrastructure ---
-    exp_name: str = "rnd_ppo"
-    """name of this experiment, part of the run directory name"""
-    env_id: str = "MontezumaRevenge-v5"
-    """envpool Atari id (MontezumaRevenge-v5, Venture-v5, Gravitar-v5, PrivateEye-v5, Pitfall-v5, Solaris-v5, ...). Rooms
-    (charts/episode_rooms, charts/rooms_visited_total) are read from the RAM for MontezumaRevenge (address 3) and Pitfall
-    (address 1), as the reference does; other games have no room map there, and log no room tags"""
-    seed: int = 1
-    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = True
-    """use CUDA when it is available"""
-    compile: bool = False
-    """torch.compile the acting step, the chunks of a minibatch (PPO loss, predictor loss) and the optimiser step
-    (inductor, on CPU and CUDA; the first iterations pay the compile time, which inductor caches on disk for later runs): off
-    by default, the eager code is the one to read"""
-    cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode: each compiled step is replayed as one
-    recorded sequence of GPU launches); needs a CUDA device, implies --compile"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
-    save_model: bool = False
-    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-
-    # --- env: the paper's Atari settings ---
-    sticky_action_prob: float = 0.25
-    """probability that the emulator repeats the previous action on each frame (sticky actions)"""
-    max_episode_steps: int = 4500
-    """episode cap in agent steps (4,500 x 4 frames = 18,000 frames); the cap is a truncation"""
-
-    # --- algorithm: PPO ---
+    # --- algorithm: PPO (the defaults are the paper's and the reference's; docs/rnd_ppo.md gives their sources) ---
     total_timesteps: int = 491_520_000
-    """total env steps over all envs (the paper's 30K rollouts per env x 128 envs x 128 steps, about 2B frames); may be
-    raised on --resume to extend a run (an annealed learning rate then follows the new total from the step the run
-    resumes at)"""
+    """env steps over all envs (30K rollouts x 128 envs x 128 steps, about 2B frames); --resume may raise it"""
     learning_rate: float = 1e-4
     """Adam learning rate (policy, both value heads and the predictor)"""
     num_envs: int = 128
@@ -119,20 +62,55 @@ class Args:
     update_proportion: float = 0.25
     """fraction of each minibatch the predictor is trained on"""
     num_iterations_obs_norm_init: int = 50
-    """rollouts of uniformly random actions (num_steps steps of every env each) that initialise the observation
-    statistics before training (0: none)"""
+    """random-action rollouts (num_steps steps of every env) that initialise the observation statistics (0: none)"""
     chunk_size: int = 0
-    """observations per forward/backward pass inside a minibatch; gradients add up to the whole minibatch's, so the
-    update is the same (0: 256 on CPU, which keeps activations small; the whole minibatch on CUDA)"""
+    """observations per forward/backward pass in a minibatch; the update is the same (0: 256 on CPU, all on CUDA)"""
 
     # --- memory: a recurrent policy ---
     rnn: Literal["none", "lstm", "gru"] = "none"
-    """a recurrent layer between the observation encoder and the actor and critic heads, for tasks where one
-    observation does not tell the state (none: the paper's feed-forward policy); the RND networks stay feed-forward"""
+    """a recurrent layer between the encoder and the heads (none: the paper's feed-forward policy); RND stays feed-forward"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
 
-    # --- computed at start-up ---
+    # --- env: the paper's Atari settings ---
+    env_id: str = "MontezumaRevenge-v5"
+    """envpool Atari id (MontezumaRevenge-v5, Venture-v5, Gravitar-v5, ...); rooms are logged for Montezuma and Pitfall"""
+    sticky_action_prob: float = 0.25
+    """probability that the emulator repeats the previous action on each frame (sticky actions)"""
+    max_episode_steps: int = 4500
+    """episode cap in agent steps (4,500 x 4 frames = 18,000 frames); the cap is a truncation"""
+
+    # --- run settings ---
+    exp_name: str = "rnd_ppo"
+    """name of this experiment, part of the run directory name"""
+    seed: int = 1
+    """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: the eager code is the one to read)"""
+    cudagraphs: bool = False
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
+    save_model: bool = False
+    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+
+    # --- computed by check_args, where the flags they come from are checked ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     minibatch_size: tyro.conf.Suppress[int] = 0
@@ -142,6 +120,454 @@ class Args:
     world_size: tyro.conf.Suppress[int] = 1
     """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------------------
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The reference's CnnPolicy (policies/cnn_policy_param_matched.py, 'normal' size, extrahid): three convolutions
+    (the third 4x4; CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and both value
+    heads. Orthogonal init as the reference's: sqrt(2) in the trunk, 0.1 in the residual layers, 0.01 on the heads. A
+    recurrent layer (--rnn) sits between the trunk and the residual layers (docs/rnd_ppo.md, Memory)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
+        super().__init__()
+        self.trunk = nn.Sequential(
+            layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 4, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            n_flat = self.trunk(torch.zeros(1, *obs_space.shape)).shape[1]
+        self.trunk.extend([layer_init(nn.Linear(n_flat, 256)), nn.ReLU(), layer_init(nn.Linear(256, 448)), nn.ReLU()])
+        n_head = 448 if rnn == "none" else rnn_size
+        self.extra_policy = layer_init(nn.Linear(n_head, n_head), std=0.1)
+        self.extra_value = layer_init(nn.Linear(n_head, n_head), std=0.1)
+        self.actor = layer_init(nn.Linear(n_head, int(action_space.n)), std=0.01)
+        self.critic_ext = layer_init(nn.Linear(n_head, 1), std=0.01)
+        self.critic_int = layer_init(nn.Linear(n_head, 1), std=0.01)
+        self.memory = recurrent_layer(rnn, 448, rnn_size)  # last: a feed-forward agent draws the same weights
+        # channels-last convolutions: 25-30% faster on a CPU (oneDNN; measured on one core), and suit tensor cores
+        self.to(memory_format=torch.channels_last)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float only here
+        return self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
+
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
+        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
+        size) for a GRU; None without memory."""
+        if self.memory is None:
+            return None
+        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+
+    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
+        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
+        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
+        features come out (T*B, size)."""
+        if self.memory is None:
+            return self.encode(x), None
+        one_step = starts is None or starts.dim() == 1
+        x = x.unsqueeze(0) if one_step else x
+        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+        state = self.initial_state(x.shape[1], x.device) if state is None else state
+        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+        # without spans, one call per step: right for any starts
+        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+        return h.flatten(0, 1), state
+
+    def forward(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """Policy logits, extrinsic value, intrinsic value, and the memory's state after x (None without memory; see
+        hidden)."""
+        h, state = self.hidden(x, state, starts, spans)
+        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
+        return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1), state
+
+    def act(self, x: torch.Tensor, deterministic: bool = False, state=None, starts=None):
+        """Action, its log-probability, both values and the memory's state, for one step of all envs."""
+        logits, ext_value, int_value, state = self(x, state, starts)
+        # validate_args=False: argument checks cost a host sync per call on CUDA
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+        action = logits.argmax(-1) if deterministic else dist.sample()
+        return action, dist.log_prob(action), ext_value, int_value, state
+
+
+def rnd_network(predictor: bool) -> nn.Sequential:
+    """The reference's target and predictor (define_self_prediction_rew): three leaky-ReLU convolutions (32, 64, 64 channels;
+    TensorFlow's leaky slope 0.2) on one normalised 84x84 frame, then a 512 linear layer (target) or 512-512-512 with
+    ReLUs (predictor). Orthogonal init with gain sqrt(2) throughout, as the reference's."""
+    layers = [
+        layer_init(nn.Conv2d(1, 32, 8, stride=4)),
+        nn.LeakyReLU(0.2),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+        nn.LeakyReLU(0.2),
+        layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+        nn.LeakyReLU(0.2),
+        nn.Flatten(),
+    ]
+    if predictor:
+        layers += [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
+        return nn.Sequential(*layers, layer_init(nn.Linear(512, 512)))
+    return nn.Sequential(*layers, layer_init(nn.Linear(3136, 512)))
+
+
+class RNDModel(nn.Module):
+    """A fixed random target network and the predictor trained to match it; the prediction error is the novelty."""
+
+    def __init__(self):
+        super().__init__()
+        self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
+        self.target.requires_grad_(False)
+        self.to(memory_format=torch.channels_last)  # as the Agent's
+
+    def error(self, x: torch.Tensor) -> torch.Tensor:
+        """Squared prediction error per observation, averaged over the 512 features (the reference's int_rew)."""
+        x = x.contiguous(memory_format=torch.channels_last)
+        return ((self.predictor(x) - self.target(x)) ** 2).mean(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The maths: the intrinsic reward and its normalisation, both advantage streams, the losses
+# ---------------------------------------------------------------------------------------------------------------
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+def update_frame_stats(rms: "RunningMeanStd", frames: torch.Tensor, chunk: int = 64, world_size: int = 1) -> None:
+    """Merge the per-pixel mean and variance of uint8 frames (n, 1, 84, 84) into rms, without a Python object per frame:
+    sums of pixels and of their squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; small
+    chunks stay in the cache: 0.1 s for 16,384 frames on one core), added up in float64."""
+    flat = frames.flatten(1)
+    total = torch.zeros(flat.shape[1], dtype=torch.float64, device=frames.device)
+    squares = torch.zeros_like(total)
+    for part in flat.split(chunk):
+        x = part.float()
+        total += x.sum(0)
+        squares += (x * x).sum(0)
+    n = frames.shape[0]
+    if world_size > 1:  # under torchrun, every process's frames (as many in each): their sums added over the processes
+        sums = torch.stack([total, squares])
+        dist.all_reduce(sums)
+        (total, squares), n = sums, n * world_size
+    mean = total / n
+    var = (squares / n - mean**2).clamp(min=0.0)
+    mean, var = mean.reshape(frames.shape[1:]), var.reshape(frames.shape[1:])
+    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, mean, var, n)
+
+
+def normalize_frames(frames: torch.Tensor, rms: "RunningMeanStd", clip: float = 5.0) -> torch.Tensor:
+    """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std, no epsilon: the
+    variance starts at 1 with a count of 1e-4, so it stays positive even where a pixel never changes)."""
+    return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
+
+
+def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: "RunningMeanStd", chunk: int) -> torch.Tensor:
+    """The intrinsic reward of every step of a rollout: the novelty of the frame the step reached, (T, N, 1, 84, 84)."""
+    flat = frames.flatten(0, 1)
+    errors = torch.empty(flat.shape[0], device=flat.device)
+    with torch.no_grad():
+        for i in range(0, flat.shape[0], chunk):
+            errors[i : i + chunk] = rnd.error(normalize_frames(flat[i : i + chunk], rms))
+    return errors.reshape(frames.shape[:2])
+
+
+def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
+    """The reference's RewardForwardFilter over a (T, N) rollout: per env, rewems = gamma * rewems + r, running on across
+    episode ends (the intrinsic return is non-episodic); a reset step (valid 0) is no transition and leaves it as it is.
+    Returns the filtered value at every step and the last one, for the next rollout."""
+    filtered = torch.empty_like(rewards)
+    for t in range(rewards.shape[0]):
+        rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
+        filtered[t] = rewems
+    return filtered, rewems
+
+
+def normalize_intrinsic(rewards, rewems, valid, rms: "RunningMeanStd", gamma: float, world_size: int = 1):
+    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py):
+    the rollout's filtered values (reset steps left out) update the running variance first, as the reference's does, then
+    the whole rollout is divided by its square root. Returns (normalised rewards, rewems for the next rollout)."""
+    filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
+    if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs) would be
+        filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
+    kept = filtered[valid.bool()]
+    if kept.numel():
+        rms.update(kept)
+    return (rewards / rms.var.sqrt()).float(), rewems
+
+
+def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
+
+    With next-step autoreset the observation after a truncated step is the real final observation, so
+    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
+    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
+    (valid = 0) gets advantage 0 and is masked out of the loss.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def intrinsic_gae(rewards, values, next_value, valid, gamma: float, gae_lambda: float):
+    """GAE of the non-episodic intrinsic return (the reference's use_news=0): it runs on across episode ends. A reset
+    step (valid = 0) is no transition: it is skipped, so the done step is followed by the next episode's first frame, as
+    in the reference, and it gets advantage 0 (masked out of every loss). docs/rnd_ppo.md, detail 7, has the rest."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam, nextvalues = torch.zeros_like(next_value), next_value
+    for t in reversed(range(num_steps)):
+        gae = rewards[t] + gamma * nextvalues - values[t] + gamma * gae_lambda * lastgaelam
+        keep = valid[t].bool()
+        lastgaelam, nextvalues = torch.where(keep, gae, lastgaelam), torch.where(keep, values[t], nextvalues)
+        advantages[t] = gae * valid[t]
+    return advantages, advantages + values
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay 0."""
+    mean = masked_mean(advantages, mask)
+    var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
+    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
+
+
+def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, ext_returns, int_returns, mask, count, args):
+    """Clipped surrogate on the combined advantage - entropy bonus + both value losses (unclipped, as the reference's)
+    over a chunk's valid entries, each a mean over the `count` valid entries of the whole minibatch, so the chunks' losses
+    add up. Returns the loss and, detached, (policy loss, ext value loss, int value loss, entropy, approx KL, clipfrac)."""
+    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+    logratio = dist.log_prob(actions) - oldlogprob
+    ratio = logratio.exp()
+    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef))
+    v_ext, v_int = 0.5 * (ext_value - ext_returns) ** 2, 0.5 * (int_value - int_returns) ** 2
+    entropy = dist.entropy()
+    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
+        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > args.clip_coef).float()
+    sums = (torch.stack([pg, v_ext, v_int, entropy, approx_kl, clipped]) * mask).sum(1) / count
+    return sums[0] - args.ent_coef * sums[3] + args.vf_coef * (sums[1] + sums[2]), sums.detach()
+
+
+def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over `count`."""
+    return (errors * mask).sum() / count
+
+
+def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
+    """The acting step, a chunk of a minibatch's PPO loss and of its predictor loss (forward, loss, backward: the chunks'
+    gradients add up) and the optimiser step; eager as written here, or traced once by torch.compile (--compile)."""
+
+    def ppo_chunk(obs, actions, logprobs, advantages, ext_returns, int_returns, valid, count, *memory):
+        # with memory (state, starts, spans), obs come as T * envs steps, time first: replayed as (T, envs) sequences
+        obs = obs.unflatten(0, (memory[1].shape[0], -1)) if memory else obs
+        logits, ext_value, int_value, _ = agent(obs, *memory)
+        loss, sums = rnd_ppo_loss(
+            logits, actions, logprobs, advantages, ext_value, int_value, ext_returns, int_returns, valid, count, args
+        )
+        loss.backward()
+        return sums
+
+    def predictor_chunk(x, valid, count):
+        loss = predictor_loss(rnd.error(x), valid, count)
+        loss.backward()
+        return loss.detach()
+
+    def step():
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(params, args.world_size)
+        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+
+    steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
+    return compile_training_steps(steps, params, args) if args.compile else steps
+
+
+def rnd_ppo_update(steps: dict, batch: dict, obs_rms: "RunningMeanStd", args: Args, memory: tuple | None = None):
+    """update_epochs epochs of minibatches (see minibatches); each minibatch in chunks whose gradients add up: the PPO
+    loss on all of it, the predictor's loss on its chosen frames, one optimiser step for both. Returns the mean per
+    minibatch of (policy loss, ext value loss, int value loss, entropy, approx KL, clip fraction, RND loss)."""
+    device, chunk = batch["valid"].device, args.chunk_size
+    stats, num_updates = torch.zeros(7, device=device), 0
+    for _epoch in range(args.update_epochs):
+        for mb, chunks, chosen in minibatches(args, device, memory, len(batch["valid"])):
+            valid = batch["valid"][mb]
+            count, advantages = valid.sum().clamp(min=1.0), batch["advantages"][mb]
+            if args.norm_adv:
+                advantages = standardize(advantages, valid)
+            for c, rows, seq in chunks:
+                stats[:6] += steps["ppo_chunk"](
+                    batch["obs"][c], batch["actions"][c], batch["logprobs"][c], advantages[rows],
+                    batch["ext_returns"][c], batch["int_returns"][c], valid[rows], count, *seq,
+                )  # fmt: skip
+            predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
+            for c in chosen.split(chunk):
+                x = normalize_frames(batch["frames"][c], obs_rms)
+                stats[6] += steps["predictor_chunk"](x, batch["valid"][c], predicted_count)
+            steps["step"]()
+            num_updates += 1
+    return stats / num_updates
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The update (PPO and the predictor, one optimiser step per minibatch) and the training loop
+# ---------------------------------------------------------------------------------------------------------------
+def main(args: Args) -> None:
+    # --- set-up: checks, processes, device, storage, checkpoint, run directory, writer, stop requests (start_run) ---
+    run = start_run(args)  # under torchrun, one process per share of the envs; only process 0 writes
+    rank, device, writer = run.rank, run.device, run.writer
+    T, N = args.num_steps, args.num_envs // args.world_size  # this process's envs
+    agent, rnd = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
+    params = list(agent.parameters()) + list(rnd.predictor.parameters())
+    # one fused Adam for all (the eps of the reference's TF Adam); compiled: foreach, and a tensor rate that anneals in place
+    lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
+    optimizer = torch.optim.Adam(params, lr=lr0, fused=not args.compile)
+    steps = training_steps(agent, rnd, optimizer, params, args)
+    obs_rms, reward_rms = RunningMeanStd((1,) + run.obs_space.shape[1:], device), RunningMeanStd((), device)
+    nets = agent, rnd, optimizer, obs_rms, reward_rms  # what a checkpoint holds, with the filter state and the RNG
+    if args.world_size > 1:  # the same initial weights everywhere; each process samples its own actions
+        torch.manual_seed(args.seed + rank)
+    rewems, rooms_seen, global_step, start_iteration = restore(run, nets, args)  # a new run: zeros, none, 0, 1
+
+    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
+    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.max_episode_steps, args.sticky_action_prob)
+    # rollout storage on the device: uint8 frame stacks, and the newest frame of each next observation (what RND sees)
+    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=torch.uint8, device=device)
+    frames = torch.zeros((T, N, 1) + run.obs_space.shape[1:], dtype=torch.uint8, device=device)
+    actions = torch.zeros((T, N), dtype=torch.long, device=device)
+    logprobs, ext_values, int_values = (torch.zeros((T, N), device=device) for _ in range(3))
+    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
+    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
+
+    envs.reset()
+    if not run.ckpt and args.num_iterations_obs_norm_init > 0:  # a resumed run's statistics come from its checkpoint
+        init_obs_stats(envs, obs_rms, frames, int(run.action_space.n), args, rank, writer)
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    # memory (None without): the state carried from step to step, zeroed where an episode starts (see run_memory),
+    # and the episode starts of the rollout; a resumed run's envs start new episodes, so it starts from zeros too
+    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    starts = None if state is None else torch.zeros((T, N), device=device)
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    address, ep_rooms = room_address(args.env_id), np.zeros((N, 256), dtype=bool)
+    progress = Progress(args, global_step, args.total_timesteps)
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
+        group = optimizer.param_groups[0]
+        group["lr"] = group["lr"].fill_(lr) if args.compile else lr  # compiled: the rate tensor, filled in place
+
+        # --- rollout ---
+        rollout_state, finished, finished_rooms = state, [], []  # with memory, where the update replays from
+        for step in range(T):
+            global_step += args.num_envs  # every process's envs
+            obs[step] = next_obs
+            with torch.no_grad():
+                actions[step], logprobs[step], ext_values[step], int_values[step], state = steps["act"](
+                    next_obs, False, state, next_start
+                )
+            next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
+            done = term | trunc
+            # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
+            trained = np.sign(reward) if args.reward_clip else reward
+            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = trained, term, done, next_valid
+            step_rows[:, step] = torch.from_numpy(host_rows)
+            if state is not None:
+                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
+                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
+                starts[step], next_start = next_start, 1.0 - valid[step]
+            next_obs = torch.as_tensor(next_obs_np, device=device)
+            frames[step] = next_obs[:, -1:]
+            episode_end, score = game_end_and_score(reward, term, trunc, info, True)
+            ep_return, ep_length, returns, lengths = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
+            finished.append((global_step, returns, lengths))
+            if address is not None:  # the games with rooms (ROOM_ADDRESS)
+                ep_rooms, rooms_seen, ended = update_rooms(ep_rooms, rooms_seen, info["ram"][:, address], episode_end)
+                finished_rooms += [(global_step, rooms) for rooms in ended]
+            next_valid = ~done
+
+        # --- intrinsic rewards (statistics before this rollout, as the reference), observation statistics, advantages ---
+        with torch.no_grad():
+            int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
+            int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma, args.world_size)
+            update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
+            _, next_ext_value, next_int_value, _ = agent(next_obs, state, next_start)
+            ext_advantages, ext_returns = compute_gae(
+                rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
+            )
+            int_advantages, int_returns = intrinsic_gae(
+                int_rewards, int_values, next_int_value, valid, args.int_gamma, args.gae_lambda
+            )
+        batch = dict(
+            obs=obs.flatten(0, 1), frames=frames.flatten(0, 1), actions=actions.flatten(), logprobs=logprobs.flatten(),
+            advantages=(args.ext_coef * ext_advantages + args.int_coef * int_advantages).flatten(),
+            ext_returns=ext_returns.flatten(), int_returns=int_returns.flatten(), valid=valid.flatten(),
+        )  # fmt: skip
+
+        # --- update: PPO and the predictor ---
+        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
+
+        # --- logging (process 0, with every process's episodes and rooms): one host sync per iteration ---
+        episodes = gather_episodes(finished, args.world_size)
+        rooms_seen, finished_rooms = gather_rooms(rooms_seen, finished_rooms, args.world_size)
+        if rank == 0:
+            explained = ext_values, ext_returns, int_values, int_returns
+            log_update(writer, progress, episodes, stats, explained, masked_mean(int_rewards, valid), valid, lr, global_step)
+            extra = log_rooms(writer, finished_rooms, rooms_seen, global_step) if address is not None else ""
+            progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
+
+        # --- evaluation (process 0), checkpoint, stop requests ---
+        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
+            with progress.paused():
+                log_eval(writer, evaluate(agent, args, device, video_path(args, run.run_dir, global_step)), global_step)
+        stopping = stop_everywhere(run.stop, args.world_size, device)  # the same on every process
+        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
+            write_checkpoint(run.run_dir, args, rank, device, nets, rewems, rooms_seen, global_step, iteration)
+        if stopping:
+            envs.close()
+            stop_processes_and_exit(run.stop, writer, args, run.run_dir, f"step {global_step:,}")
+
+    # --- end: the final model (process 0), both networks and every statistic, saved, reloaded from disk, evaluated ---
+    end_run(args, run, nets, envs, rewems, global_step)
+
+
+# The algorithm ends here. Below: this file's machinery, then the run plumbing all eight files share; a learner may stop here.
+# ---------------------------------------------------------------------------------------------------------------
+# This file's machinery: presets, envs, statistics, memory and torchrun helpers, evaluation, checks, start and end
+# ---------------------------------------------------------------------------------------------------------------
+import difflib
+import os
+import signal
+import sys
+import time
+import traceback
+import types
+
+from torch.utils.tensorboard import SummaryWriter
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
@@ -189,9 +615,6 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Envs
-# ---------------------------------------------------------------------------------------------------------------
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -276,89 +699,62 @@ def update_rooms(episode_rooms: np.ndarray, rooms_seen: np.ndarray, room: np.nda
     return episode_rooms, rooms_seen, finished
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
+def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
+    process: its own rows, as they are."""
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
 
 
-class Agent(nn.Module):
-    """The reference's CnnPolicy (policies/cnn_policy_param_matched.py, 'normal' size, extrahid): three convolutions
-    (the third 4x4; CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and for the
-    two value heads (extrinsic and intrinsic). Orthogonal init as the reference's: sqrt(2) in the trunk, 0.1 in the
-    residual layers, 0.01 on the heads. With a recurrent layer (rnn "lstm" or "gru") it sits between the trunk and the
-    residual layers, shared by the policy and both value heads, as in ppo.py (the paper's recurrent policy, Table 5 of
-    Burda et al. 2019, has one GRU there; its RND networks stay feed-forward on single frames, as here)."""
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
+    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
-        super().__init__()
-        self.trunk = nn.Sequential(
-            layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 4, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+        self.world_size = world_size
+
+    def update(self, x: torch.Tensor) -> None:
+        x = gather_rows(x.double(), self.world_size)
+        self.mean, self.var, self.count = update_mean_var_count(
+            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
         )
-        with torch.no_grad():
-            n_flat = self.trunk(torch.zeros(1, *obs_space.shape)).shape[1]
-        self.trunk.extend([layer_init(nn.Linear(n_flat, 256)), nn.ReLU(), layer_init(nn.Linear(256, 448)), nn.ReLU()])
-        n_head = 448 if rnn == "none" else rnn_size
-        self.extra_policy = layer_init(nn.Linear(n_head, n_head), std=0.1)
-        self.extra_value = layer_init(nn.Linear(n_head, n_head), std=0.1)
-        self.actor = layer_init(nn.Linear(n_head, int(action_space.n)), std=0.01)
-        self.critic_ext = layer_init(nn.Linear(n_head, 1), std=0.01)
-        self.critic_int = layer_init(nn.Linear(n_head, 1), std=0.01)
-        self.memory = recurrent_layer(rnn, 448, rnn_size)  # last: a feed-forward agent draws the same weights
-        # channels-last convolutions: 25-30% faster on a CPU (oneDNN; measured on one core), and suit tensor cores
-        self.to(memory_format=torch.channels_last)
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here
-        return self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
+    def state_dict(self) -> dict:
+        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
 
-    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
-        size) for a GRU; None without memory."""
-        if self.memory is None:
-            return None
-        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
 
-    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
-        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
-        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
-        features come out (T*B, size)."""
-        if self.memory is None:
-            return self.encode(x), None
-        one_step = starts is None or starts.dim() == 1
-        x = x.unsqueeze(0) if one_step else x
-        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-        state = self.initial_state(x.shape[1], x.device) if state is None else state
-        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-        # without spans, one call per step: right for any starts
-        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-        return h.flatten(0, 1), state
 
-    def forward(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """Policy logits, extrinsic value, intrinsic value, and the memory's state after x (None without memory; see
-        hidden)."""
-        h, state = self.hidden(x, state, starts, spans)
-        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
-        return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1), state
-
-    def act(self, x: torch.Tensor, deterministic: bool = False, state=None, starts=None):
-        """Action, its log-probability, both values and the memory's state, for one step of all envs."""
-        logits, ext_value, int_value, state = self(x, state, starts)
-        # validate_args=False: argument checks cost a host sync per call on CUDA
-        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
-        action = logits.argmax(-1) if deterministic else dist.sample()
-        return action, dist.log_prob(action), ext_value, int_value, state
+def init_obs_stats(envs, obs_rms, frames: torch.Tensor, num_actions: int, args: Args, rank: int, writer) -> None:
+    """The observation statistics from uniformly random actions before training (the reference's
+    collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
+    --num-iterations-obs-norm-init rollouts of frames.shape[0] steps, the last frame of each observation written into
+    `frames` (the rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the
+    statistics about 0.1 s a rollout), so a line every --progress-interval seconds says how far it is, and one more when
+    it is done. Under torchrun each process steps its own envs, the statistics are those of every process's frames, and
+    process 0 alone speaks, and logs the seconds it took."""
+    start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
+    iterations = args.num_iterations_obs_norm_init
+    for i in range(iterations):
+        for step in range(num_steps):
+            next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
+            frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
+        update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
+        if rank == 0 and time.time() - last_print > args.progress_interval and i + 1 < iterations:
+            last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
+            print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    seconds = time.time() - start
+    if rank == 0:
+        steps = iterations * num_steps * num_envs * args.world_size
+        print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
+        writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
 
 
 def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
@@ -401,225 +797,6 @@ def memory_spans(starts: np.ndarray) -> list[int]:
     return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
 
 
-def rnd_network(predictor: bool) -> nn.Sequential:
-    """The reference's target and predictor (define_self_prediction_rew): three leaky-ReLU convolutions (32, 64, 64 channels;
-    TensorFlow's leaky slope 0.2) on one normalised 84x84 frame, then a 512 linear layer (target) or 512-512-512 with
-    ReLUs (predictor). Orthogonal init with gain sqrt(2) throughout, as the reference's."""
-    layers = [
-        layer_init(nn.Conv2d(1, 32, 8, stride=4)),
-        nn.LeakyReLU(0.2),
-        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-        nn.LeakyReLU(0.2),
-        layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-        nn.LeakyReLU(0.2),
-        nn.Flatten(),
-    ]
-    if predictor:
-        layers += [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
-        return nn.Sequential(*layers, layer_init(nn.Linear(512, 512)))
-    return nn.Sequential(*layers, layer_init(nn.Linear(3136, 512)))
-
-
-class RNDModel(nn.Module):
-    """A fixed random target network and the predictor trained to match it; the prediction error is the novelty."""
-
-    def __init__(self):
-        super().__init__()
-        self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
-        self.target.requires_grad_(False)
-        self.to(memory_format=torch.channels_last)  # as the Agent's
-
-    def error(self, x: torch.Tensor) -> torch.Tensor:
-        """Squared prediction error per observation, averaged over the 512 features (the reference's int_rew)."""
-        x = x.contiguous(memory_format=torch.channels_last)
-        return ((self.predictor(x) - self.target(x)) ** 2).mean(-1)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Running statistics, observation normalisation and the intrinsic reward
-# ---------------------------------------------------------------------------------------------------------------
-def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
-    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
-    delta = batch_mean - mean
-    total = count + batch_count
-    new_mean = mean + delta * batch_count / total
-    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
-    return new_mean, m2 / total, total
-
-
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
-    process: its own rows, as they are."""
-    if world_size == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts)
-
-
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
-    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
-        self.var = torch.ones(shape, dtype=torch.float64, device=device)
-        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
-        self.world_size = world_size
-
-    def update(self, x: torch.Tensor) -> None:
-        x = gather_rows(x.double(), self.world_size)
-        self.mean, self.var, self.count = update_mean_var_count(
-            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        )
-
-    def state_dict(self) -> dict:
-        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
-
-
-def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 64, world_size: int = 1) -> None:
-    """Merge the per-pixel mean and variance of uint8 frames (n, 1, 84, 84) into rms, without a Python object per frame:
-    sums of pixels and of their squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; small
-    chunks stay in the cache: 0.1 s for 16,384 frames on one core), added up in float64."""
-    flat = frames.flatten(1)
-    total = torch.zeros(flat.shape[1], dtype=torch.float64, device=frames.device)
-    squares = torch.zeros_like(total)
-    for part in flat.split(chunk):
-        x = part.float()
-        total += x.sum(0)
-        squares += (x * x).sum(0)
-    n = frames.shape[0]
-    if world_size > 1:  # under torchrun, every process's frames (as many in each): their sums added over the processes
-        sums = torch.stack([total, squares])
-        dist.all_reduce(sums)
-        (total, squares), n = sums, n * world_size
-    mean = total / n
-    var = (squares / n - mean**2).clamp(min=0.0)
-    mean, var = mean.reshape(frames.shape[1:]), var.reshape(frames.shape[1:])
-    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, mean, var, n)
-
-
-def normalize_frames(frames: torch.Tensor, rms: RunningMeanStd, clip: float = 5.0) -> torch.Tensor:
-    """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std, no epsilon: the
-    variance starts at 1 with a count of 1e-4, so it stays positive even where a pixel never changes)."""
-    return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
-
-
-def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, chunk: int) -> torch.Tensor:
-    """The intrinsic reward of every step of a rollout: the novelty of the frame the step reached, (T, N, 1, 84, 84)."""
-    flat = frames.flatten(0, 1)
-    errors = torch.empty(flat.shape[0], device=flat.device)
-    with torch.no_grad():
-        for i in range(0, flat.shape[0], chunk):
-            errors[i : i + chunk] = rnd.error(normalize_frames(flat[i : i + chunk], rms))
-    return errors.reshape(frames.shape[:2])
-
-
-def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
-    """The reference's RewardForwardFilter over a (T, N) rollout: per env, rewems = gamma * rewems + r, running on across
-    episode ends (the intrinsic return is non-episodic); a reset step (valid 0) is no transition and leaves it as it is.
-    Returns the filtered value at every step and the last one, for the next rollout."""
-    filtered = torch.empty_like(rewards)
-    for t in range(rewards.shape[0]):
-        rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
-        filtered[t] = rewems
-    return filtered, rewems
-
-
-def normalize_intrinsic(rewards, rewems, valid, rms: RunningMeanStd, gamma: float, world_size: int = 1):
-    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py):
-    the rollout's filtered values (reset steps left out) update the running variance first, as the reference's does, then
-    the whole rollout is divided by its square root. Returns (normalised rewards, rewems for the next rollout)."""
-    filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
-    if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs) would be
-        filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
-    kept = filtered[valid.bool()]
-    if kept.numel():
-        rms.update(kept)
-    return (rewards / rms.var.sqrt()).float(), rewems
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The algorithm's maths
-# ---------------------------------------------------------------------------------------------------------------
-def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
-
-    With next-step autoreset the observation after a truncated step is the real final observation, so
-    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
-    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
-    (valid = 0) gets advantage 0 and is masked out of the loss.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
-        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
-
-
-def intrinsic_gae(rewards, values, next_value, valid, gamma: float, gae_lambda: float):
-    """GAE of the non-episodic intrinsic return (the reference's use_news=0): it runs on across episode ends.
-
-    A reset step (valid = 0) is no transition: it is taken out of the stream, so the step before it (the done step,
-    whose reward is the novelty of the final frame) is followed by the step after it, the next episode's first frame,
-    as in the reference, whose envs reset within the done step. The reset step gets advantage 0 and is masked out of
-    every loss. A done step on the rollout's last step bootstraps from its final frame's value: the next episode's first
-    frame comes only with the next rollout.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam, nextvalues = torch.zeros_like(next_value), next_value
-    for t in reversed(range(num_steps)):
-        gae = rewards[t] + gamma * nextvalues - values[t] + gamma * gae_lambda * lastgaelam
-        keep = valid[t].bool()
-        lastgaelam, nextvalues = torch.where(keep, gae, lastgaelam), torch.where(keep, values[t], nextvalues)
-        advantages[t] = gae * valid[t]
-    return advantages, advantages + values
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay 0."""
-    mean = masked_mean(advantages, mask)
-    var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
-    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
-
-
-def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, ext_returns, int_returns, mask, count, args):
-    """Clipped surrogate on the combined advantage - entropy bonus + the two value heads' losses (no value clipping, as
-    the reference's) over the valid entries of a chunk, each a mean over the `count` valid entries of the whole
-    minibatch: the chunks' losses add up to the minibatch's.
-
-    Returns the loss and, detached, the sums of (policy loss, ext value loss, int value loss, entropy, approx KL, clip
-    fraction).
-    """
-    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
-    logratio = dist.log_prob(actions) - oldlogprob
-    ratio = logratio.exp()
-    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef))
-    v_ext, v_int = 0.5 * (ext_value - ext_returns) ** 2, 0.5 * (int_value - int_returns) ** 2
-    entropy = dist.entropy()
-    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
-        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > args.clip_coef).float()
-    sums = (torch.stack([pg, v_ext, v_int, entropy, approx_kl, clipped]) * mask).sum(1) / count
-    return sums[0] - args.ent_coef * sums[3] + args.vf_coef * (sums[1] + sums[2]), sums.detach()
-
-
-def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over `count`."""
-    return (errors * mask).sum() / count
-
-
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
     """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
     if not anneal:
@@ -641,38 +818,11 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm
     optimizer.zero_grad(set_to_none=set_to_none)
 
 
-def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
-    """The acting step, one chunk of a minibatch's PPO loss and one of its predictor loss (forward, loss, backward: the
-    chunks' gradients add up) and the optimiser step, the functions `--compile` hands to torch.compile (LeanRL's approach:
-    the same code, traced once); without it they run eagerly, as written here."""
-
-    def ppo_chunk(obs, actions, logprobs, advantages, ext_returns, int_returns, valid, count, *memory):
-        # with memory (state, starts, spans), obs come as T * envs steps, time first: replayed as (T, envs) sequences
-        obs = obs.unflatten(0, (memory[1].shape[0], -1)) if memory else obs
-        logits, ext_value, int_value, _ = agent(obs, *memory)
-        loss, sums = rnd_ppo_loss(
-            logits, actions, logprobs, advantages, ext_value, int_value, ext_returns, int_returns, valid, count, args
-        )
-        loss.backward()
-        return sums
-
-    def predictor_chunk(x, valid, count):
-        loss = predictor_loss(rnd.error(x), valid, count)
-        loss.backward()
-        return loss.detach()
-
-    def step():
-        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
-            average_gradients(params, args.world_size)
-        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
-
-    steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
-    if not args.compile:
-        return steps
-    # Compiled, the gradients are allocated once and zeroed in place: under CUDA graph trees a chunk's backward would
-    # leave them in the graph's memory, which the next chunk's replay overwrites (pytorch/pytorch#169545).
-    # dynamic=False: one graph per shape; a shorter last chunk (of the minibatch, or of its predicted part) adds at most
-    # one compile each, rather than a dynamic-shape graph
+def compile_training_steps(steps: dict, params: list, args: Args) -> dict:
+    """--compile: training_steps' functions handed to torch.compile. The gradients are allocated once and zeroed in
+    place: under CUDA graph trees a chunk's backward would leave them in the graph's memory, which the next chunk's
+    replay overwrites (pytorch/pytorch#169545). dynamic=False: one graph per shape; a shorter last chunk (of the
+    minibatch, or of its predicted part) adds at most one compile each, rather than a dynamic-shape graph."""
     for p in params:
         p.grad = torch.zeros_like(p)
     mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
@@ -708,59 +858,6 @@ def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_si
         yield mb, chunks, mb[torch.randperm(len(mb), device=device)[:num_predicted]]
 
 
-def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args, memory: tuple | None = None):
-    """update_epochs epochs of minibatches (see minibatches); each minibatch in chunks whose gradients add up: the PPO
-    loss on all of it, the predictor's loss on its chosen frames, one optimiser step for both. Returns the mean per
-    minibatch of (policy loss, ext value loss, int value loss, entropy, approx KL, clip fraction, RND loss)."""
-    device, chunk = batch["valid"].device, args.chunk_size
-    stats, num_updates = torch.zeros(7, device=device), 0
-    for _epoch in range(args.update_epochs):
-        for mb, chunks, chosen in minibatches(args, device, memory, len(batch["valid"])):
-            valid = batch["valid"][mb]
-            count, advantages = valid.sum().clamp(min=1.0), batch["advantages"][mb]
-            if args.norm_adv:
-                advantages = standardize(advantages, valid)
-            for c, rows, seq in chunks:
-                stats[:6] += steps["ppo_chunk"](
-                    batch["obs"][c], batch["actions"][c], batch["logprobs"][c], advantages[rows],
-                    batch["ext_returns"][c], batch["int_returns"][c], valid[rows], count, *seq,
-                )  # fmt: skip
-            predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
-            for c in chosen.split(chunk):
-                x = normalize_frames(batch["frames"][c], obs_rms)
-                stats[6] += steps["predictor_chunk"](x, batch["valid"][c], predicted_count)
-            steps["step"]()
-            num_updates += 1
-    return stats / num_updates
-
-
-def init_obs_stats(envs, obs_rms, frames: torch.Tensor, iterations: int, num_actions: int, args: Args, rank: int = 0):
-    """The observation statistics from uniformly random actions before training (the reference's
-    collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
-    `iterations` rollouts of frames.shape[0] steps, the last frame of each observation written into `frames` (the
-    rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the statistics about
-    0.1 s a rollout), so a line every --progress-interval seconds says how far it is, and one more when it is done. Under
-    torchrun each process steps its own envs, the statistics are those of every process's frames, and process 0 alone
-    speaks. Returns the seconds it took."""
-    start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
-    for i in range(iterations):
-        for step in range(num_steps):
-            next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
-            frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
-        update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
-        if rank == 0 and time.time() - last_print > args.progress_interval and i + 1 < iterations:
-            last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
-            print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
-    seconds = time.time() - start
-    if rank == 0:
-        steps = iterations * num_steps * num_envs * args.world_size
-        print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
-    return seconds
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Evaluation and argument checks of this algorithm
-# ---------------------------------------------------------------------------------------------------------------
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
     """Play one full episode (raw score, the training env settings) on each of args.eval_episodes envs. Returns the
     episodes' returns. Video: env 0's screen."""
@@ -785,24 +882,6 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
     return returns
 
 
-def restore(ckpt, agent, rnd, optimizer, obs_rms, reward_rms, device, rank: int, args: Args, run_dir: str | None):
-    """--resume: a checkpoint's networks, optimiser, statistics and this process's RNG states put back. Returns the
-    intrinsic reward filter's state of this process's envs, the rooms seen, the step and the iteration to go on from
-    (zeros, none, 0 and 1 for a new run)."""
-    if ckpt is None:
-        return torch.zeros(args.num_envs // args.world_size, device=device), np.zeros(256, dtype=bool), 0, 1
-    agent.load_state_dict(ckpt["model"])
-    rnd.load_state_dict(ckpt["rnd"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    obs_rms.load_state_dict(ckpt["obs_rms"])
-    reward_rms.load_state_dict(ckpt["reward_rms"])
-    restore_rng(process_rng(ckpt, rank, args.world_size), device)
-    if rank == 0:
-        print(f"resumed {run_dir} at step {ckpt['global_step']:,}")
-    rewems = ckpt["rewems"].chunk(args.world_size)[rank]  # every env's filter state, this process's share
-    return rewems.to(device), ckpt["rooms_seen"].copy(), ckpt["global_step"], ckpt["iteration"] + 1
-
-
 def log_update(writer, progress, episodes: list, stats, explained: tuple, mean_int_reward, valid, lr: float, step: int):
     """Every process's finished episodes at the steps they ended, then the update's loss terms, the explained variance
     of both value heads (`explained`: ext values, ext returns, int values, int returns), the mean intrinsic reward and
@@ -821,6 +900,34 @@ def log_update(writer, progress, episodes: list, stats, explained: tuple, mean_i
     writer.add_scalar("charts/learning_rate", lr, step)
 
 
+def gather_rooms(rooms_seen: np.ndarray, finished_rooms: list, world_size: int):
+    """Under torchrun, the rooms any process has seen, and every process's finished episodes' room counts as (step,
+    rooms) in step order; one process: its own, as they are."""
+    if world_size == 1:
+        return rooms_seen, finished_rooms
+    everyone = gather_objects((rooms_seen, finished_rooms), world_size)
+    merged = sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0])
+    return np.logical_or.reduce([seen for seen, _ in everyone]), merged
+
+
+def log_rooms(writer: SummaryWriter, finished_rooms: list, rooms_seen: np.ndarray, step: int) -> str:
+    """Rooms of the games that have them: each finished episode's count, the total seen; returns the progress line's
+    part."""
+    for step_at, rooms in finished_rooms:
+        writer.add_scalar("charts/episode_rooms", rooms, step_at)
+    writer.add_scalar("charts/rooms_visited_total", int(rooms_seen.sum()), step)
+    return f" | rooms {int(rooms_seen.sum())}"
+
+
+def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
+    """What the policy and its intrinsic reward need, in a checkpoint and in the final model: both networks and every
+    statistic."""
+    return dict(
+        model=agent.state_dict(), rnd=rnd.state_dict(), obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(),
+        rewems=rewems.cpu(),
+    )  # fmt: skip
+
+
 def write_checkpoint(run_dir, args: Args, rank: int, device, nets: tuple, rewems, rooms_seen, global_step, iteration):
     """checkpoint.pt, written by process 0: `nets` (agent, RND model, optimiser, observation and reward statistics),
     every env's intrinsic reward filter state and every process's RNG states, each process to resume its own share."""
@@ -832,26 +939,6 @@ def write_checkpoint(run_dir, args: Args, rank: int, device, nets: tuple, rewems
             **model_state(agent, rnd, obs_rms, reward_rms, every_rewems),
             rooms_seen=rooms_seen, global_step=global_step, iteration=iteration, rng=rngs,
         )  # fmt: skip
-
-
-def save_reload_and_evaluate_rnd(nets: tuple, rewems, obs_space, action_space, args: Args, device, writer, run_dir, step):
-    """--save-model: both networks and every statistic written (model_state), the policy reloaded from disk into a new
-    agent and evaluated, as a user who loads it evaluates it."""
-    agent, rnd, _, obs_rms, reward_rms = nets
-    model_path = os.path.join(run_dir, "rnd_ppo.model")
-    save_checkpoint(model_path, "model", args, run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
-    eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
-    eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
-    log_final_eval(writer, evaluate(eval_agent, args, device, video_path(args, run_dir)), step, model_path)
-
-
-def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
-    """What the policy and its intrinsic reward need, in a checkpoint and in the final model: both networks and every
-    statistic."""
-    return dict(
-        model=agent.state_dict(), rnd=rnd.state_dict(), obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(),
-        rewems=rewems.cpu(),
-    )  # fmt: skip
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
@@ -947,9 +1034,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.chunk_size = args.minibatch_size if cuda else 256
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
-# ---------------------------------------------------------------------------------------------------------------
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
     """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
     enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
@@ -1010,15 +1094,6 @@ def average_gradients(parameters, world_size: int) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
-
-
-def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
-    if world_size == 1:
-        return x
-    x = x.clone()
-    dist.all_reduce(x)
-    return x / world_size
 
 
 def gather_objects(local, world_size: int) -> list:
@@ -1092,177 +1167,62 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-def gather_rooms(rooms_seen: np.ndarray, finished_rooms: list, world_size: int):
-    """Under torchrun, the rooms any process has seen, and every process's finished episodes' room counts as (step,
-    rooms) in step order; one process: its own, as they are."""
-    if world_size == 1:
-        return rooms_seen, finished_rooms
-    everyone = gather_objects((rooms_seen, finished_rooms), world_size)
-    merged = sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0])
-    return np.logical_or.reduce([seen for seen, _ in everyone]), merged
-
-
-def log_rooms(writer: SummaryWriter, finished_rooms: list, rooms_seen: np.ndarray, step: int) -> str:
-    """Rooms of the games that have them: each finished episode's count, the total seen; returns the progress line's
-    part."""
-    for step_at, rooms in finished_rooms:
-        writer.add_scalar("charts/episode_rooms", rooms, step_at)
-    writer.add_scalar("charts/rooms_visited_total", int(rooms_seen.sum()), step)
-    return f" | rooms {int(rooms_seen.sum())}"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: every check before the run directory is made; under torchrun, one process per share of the envs ---
+def start_run(args: Args) -> types.SimpleNamespace:
+    """A run's set-up before its networks: every check before the run directory is made (the env's spaces, the flags,
+    the storage, the checkpoint and the processes that wrote it), this process under torchrun, then, for process 0
+    alone, the run directory, its first lines and the writer; and the stop requests. Returns what main needs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    rng = process_rng(ckpt, rank, args.world_size) if ckpt else None
     # only process 0 writes logs, checkpoints and models
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
+    writer = open_writer(run_dir, args, ckpt["global_step"] if ckpt else None) if rank == 0 else None
+    return types.SimpleNamespace(
+        obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, rng=rng, run_dir=run_dir,
+        writer=writer, stop=stop_requests(),
+    )  # fmt: skip
 
-    agent, rnd = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
-    params = list(agent.parameters()) + list(rnd.predictor.parameters())
-    # one fused Adam for the policy, value heads and predictor, with the eps of the reference's TF Adam; compiled, the
-    # foreach one (inductor fuses it), and the rate a tensor, so that annealing it does not recompile the step
-    lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
-    optimizer = torch.optim.Adam(params, lr=lr0, fused=not args.compile)
-    steps = training_steps(agent, rnd, optimizer, params, args)
-    obs_rms, reward_rms = RunningMeanStd((1,) + obs_space.shape[1:], device), RunningMeanStd((), device)
-    nets = agent, rnd, optimizer, obs_rms, reward_rms  # what a checkpoint holds, with the filter state and the RNG
-    T, N = args.num_steps, args.num_envs // args.world_size  # this process's envs
-    if args.world_size > 1:  # the same initial weights everywhere; each process samples its own actions
-        torch.manual_seed(args.seed + rank)
-    rewems, rooms_seen, global_step, start_iteration = restore(
-        ckpt, agent, rnd, optimizer, obs_rms, reward_rms, device, rank, args, run_dir
-    )
-    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
-    stop = stop_requests()
 
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
-    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.max_episode_steps, args.sticky_action_prob)
-    # rollout storage, preallocated on the device: uint8 frame stacks, and the last frame of each step's next observation
-    # (what RND sees: the reference's int_rew is the novelty of the frame the step reached)
-    obs = torch.zeros((T, N) + obs_space.shape, dtype=torch.uint8, device=device)
-    frames = torch.zeros((T, N, 1) + obs_space.shape[1:], dtype=torch.uint8, device=device)
-    actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, ext_values, int_values = (torch.zeros((T, N), device=device) for _ in range(3))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
+def restore(run: types.SimpleNamespace, nets: tuple, args: Args):
+    """--resume: a checkpoint's networks, optimiser, statistics (`nets`) and this process's RNG states put back. Returns
+    the intrinsic reward filter's state of this process's envs, the rooms seen, the step and the iteration to go on from
+    (zeros, none, 0 and 1 for a new run)."""
+    if run.ckpt is None:
+        return torch.zeros(args.num_envs // args.world_size, device=run.device), np.zeros(256, dtype=bool), 0, 1
+    for net, key in zip(nets, ("model", "rnd", "optimizer", "obs_rms", "reward_rms"), strict=True):
+        net.load_state_dict(run.ckpt[key])
+    restore_rng(run.rng, run.device)
+    if run.rank == 0:
+        print(f"resumed {run.run_dir} at step {run.ckpt['global_step']:,}")
+    rewems = run.ckpt["rewems"].chunk(args.world_size)[run.rank]  # every env's filter state, this process's share
+    return rewems.to(run.device), run.ckpt["rooms_seen"].copy(), run.ckpt["global_step"], run.ckpt["iteration"] + 1
 
-    envs.reset()
-    if not ckpt and args.num_iterations_obs_norm_init > 0:
-        seconds = init_obs_stats(envs, obs_rms, frames, args.num_iterations_obs_norm_init, int(action_space.n), args, rank)
-        if rank == 0:
-            writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
-    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    # memory (None without): the state carried from step to step, zeroed where an episode starts (see run_memory),
-    # and the episode starts of the rollout; a resumed run's envs start new episodes, so it starts from zeros too
-    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
-    starts = None if state is None else torch.zeros((T, N), device=device)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    address, episode_rooms = room_address(args.env_id), np.zeros((N, 256), dtype=bool)
-    progress = Progress(args, global_step, args.total_timesteps)
 
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
-        if args.compile:
-            optimizer.param_groups[0]["lr"].fill_(lr)
-        else:
-            optimizer.param_groups[0]["lr"] = lr
-
-        # --- rollout ---
-        rollout_state, finished, finished_rooms = state, [], []  # with memory, where the update replays from
-        for step in range(T):
-            global_step += args.num_envs  # every process's envs
-            obs[step] = next_obs
-            with torch.no_grad():
-                actions[step], logprobs[step], ext_values[step], int_values[step], state = steps["act"](
-                    next_obs, False, state, next_start
-                )
-            next_obs_np, reward, term, trunc, info = envs.step(actions[step].cpu().numpy())
-            done = term | trunc
-            # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
-            trained = np.sign(reward) if args.reward_clip else reward
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = trained, term, done, next_valid
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            if state is not None:
-                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
-                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
-                starts[step], next_start = next_start, 1.0 - valid[step]
-            next_obs = torch.as_tensor(next_obs_np, device=device)
-            frames[step] = next_obs[:, -1:]
-            episode_end, score = game_end_and_score(reward, term, trunc, info, True)
-            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-                ep_return, ep_length, score, next_valid, episode_end
-            )
-            finished.append((global_step, fin_returns, fin_lengths))
-            if address is not None:
-                episode_rooms, rooms_seen, fin_rooms = update_rooms(
-                    episode_rooms, rooms_seen, info["ram"][:, address], episode_end
-                )
-                finished_rooms += [(global_step, rooms) for rooms in fin_rooms]
-            next_valid = ~done
-
-        # --- intrinsic rewards (statistics before this rollout, as the reference), observation statistics, advantages ---
-        with torch.no_grad():
-            int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
-            int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma, args.world_size)
-            update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
-            _, next_ext_value, next_int_value, _ = agent(next_obs, state, next_start)
-            ext_advantages, ext_returns = compute_gae(
-                rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
-            )
-            int_advantages, int_returns = intrinsic_gae(
-                int_rewards, int_values, next_int_value, valid, args.int_gamma, args.gae_lambda
-            )
-        batch = dict(
-            obs=obs.flatten(0, 1), frames=frames.flatten(0, 1), actions=actions.flatten(), logprobs=logprobs.flatten(),
-            advantages=(args.ext_coef * ext_advantages + args.int_coef * int_advantages).flatten(),
-            ext_returns=ext_returns.flatten(), int_returns=int_returns.flatten(), valid=valid.flatten(),
-        )  # fmt: skip
-
-        # --- update: PPO and the predictor ---
-        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
-        stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
-
-        # --- logging (process 0, with every process's episodes and rooms): one host sync per iteration ---
-        episodes = gather_episodes(finished, args.world_size)
-        rooms_seen, finished_rooms = gather_rooms(rooms_seen, finished_rooms, args.world_size)
-        if rank == 0:
-            explained = ext_values, ext_returns, int_values, int_returns
-            log_update(writer, progress, episodes, stats, explained, masked_mean(int_rewards, valid), valid, lr, global_step)
-            extra = log_rooms(writer, finished_rooms, rooms_seen, global_step) if address is not None else ""
-            progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
-
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(agent, args, device, video_path(args, run_dir, global_step)), global_step)
-        stopping = stop_everywhere(stop, args.world_size, device)  # the same on every process
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(run_dir, args, rank, device, nets, rewems, rooms_seen, global_step, iteration)
-        if stopping:
-            envs.close()
-            stop_processes_and_exit(stop, writer, args, run_dir, f"step {global_step:,}")
-
-    # --- final model (process 0): both networks and every statistic, saved, reloaded from disk, evaluated ---
+def end_run(args: Args, run: types.SimpleNamespace, nets: tuple, envs, rewems: torch.Tensor, global_step: int) -> None:
+    """The end of a run: envs closed, every env's filter state gathered, the processes left together; then process 0
+    alone, with --save-model, writes both networks and every statistic (model_state), reloads the policy from disk into
+    a new agent and evaluates it, as a user who loads it evaluates it; and closes the writer."""
     envs.close()
     rewems = gather_rows(rewems, args.world_size)
     end_processes(args.world_size)
-    if rank != 0:
+    if run.rank != 0:
         leave(args.world_size)
     if args.save_model:
-        save_reload_and_evaluate_rnd(nets, rewems, obs_space, action_space, args, device, writer, run_dir, global_step)
-    finish(writer, run_dir)
+        agent, rnd, _, obs_rms, reward_rms = nets
+        model_path = os.path.join(run.run_dir, "rnd_ppo.model")
+        save_checkpoint(model_path, "model", args, run.run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
+        eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size).to(run.device)
+        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
+        returns = evaluate(eval_agent, args, run.device, video_path(args, run.run_dir))
+        log_final_eval(run.writer, returns, global_step, model_path)
+    finish(run.writer, run.run_dir)
     leave(args.world_size)
 
 

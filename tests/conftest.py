@@ -37,6 +37,15 @@ def flat_params(params) -> torch.Tensor:
 SMOKE_TIMEOUT = 900
 # bit-for-bit comparisons and margins measured on CPU need the CPU: CUDA kernels are not bit-deterministic
 CPU = "--no-cuda"
+# The small sizes of each file's smoke runs, where its defaults would take minutes
+SMOKE_FLAGS = {
+    "dqn": ["--learning-starts", "500", "--buffer-size", "1000", "--log-every", "500"],
+    "ddpg_td3": ["--hidden-size", "32", "--batch-size", "32", "--learning-starts", "300", "--buffer-size", "2000",
+                 "--log-every", "200"],
+    "ppg_procgen": ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-pi", "2", "--e-aux", "1"],
+    "rnd_ppo": ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--num-iterations-obs-norm-init", "1",
+                "--max-episode-steps", "40", "--no-cuda"],
+}  # fmt: skip
 
 
 def one_thread(env: dict | None) -> dict:

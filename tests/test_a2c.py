@@ -7,19 +7,14 @@ import torch
 
 from conftest import (
     CPU,
-    assert_one_error_line,
     flat_params,
     load_algorithm,
     load_file,
-    marks,
     only_run,
     run_algorithm,
-    run_bad_input,
     scalars,
-    seeded_runs,
     stop_run,
     twenty_episode_means,
-    write_foreign_checkpoint,
 )
 
 a2c = load_algorithm("a2c")
@@ -274,41 +269,6 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path):
         assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [1000, 2000, 2000, 2000, 2000]
         assert {p.name for p in (run / "videos").iterdir()} == {"eval_1000.mp4", "eval_2000.mp4", "final.mp4"}
         assert (run / "videos" / "final.mp4").stat().st_size > 1000
-
-
-def test_same_seed_same_run_on_cpu(tmp_path):
-    tags = ("charts/episodic_return", "losses/value_loss", "losses/policy_loss")
-    flags = ["--total-timesteps", "2000", "--log-interval", "10"]
-    runs = seeded_runs("a2c", (7, 7, 8), tmp_path, *flags, tags=tags)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
-        (["--num-envs", "0"], r"--num-envs 0 is out of range; pass a value in \[1, inf\)"),
-        (["--total-timesteps", "10"], r"less than one rollout \(40 steps\)"),
-        (
-            ["--num-envs", "4", "--num-steps", "50", "--total-timesteps", "199"],
-            r"less than one rollout \(200 steps\)",
-        ),
-        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
-        (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
-        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
-        (["--resume", "A2C_MODEL"], r"is a final model, which has no optimiser state"),
-        (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
-        # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
-        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "CartPole-v1", "ppo.py")
-    a2c_model = tmp_path / "a2c.model"
-    torch.save({"kind": "model", "args": {"env_id": "CartPole-v1"}, **marks("a2c.py", model={})}, a2c_model)
-    flags = [{"PPO_CHECKPOINT": ppo_checkpoint, "A2C_MODEL": str(a2c_model)}.get(f, f) for f in flags]
-    assert_one_error_line("a2c", run_bad_input("a2c", flags, tmp_path, "Acrobot-v1"), message)
 
 
 def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):

@@ -12,13 +12,13 @@ import torch
 
 from conftest import (
     CPU,
+    SMOKE_FLAGS,
     assert_one_error_line,
     flat_params,
     load_algorithm,
     load_file,
     only_run,
     run_algorithm,
-    run_bad_input,
     run_in_process,
     scalars,
     seeded_runs,
@@ -185,7 +185,7 @@ TAGS = {
 }
 # one thread: 1,000s of small gradient steps with torch's threads spinning on 2 shared cores run 100x slower
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
-TINY = ["--hidden-size", "32", "--batch-size", "32", "--learning-starts", "300", "--buffer-size", "2000", "--log-every", "200"]
+TINY = SMOKE_FLAGS["ddpg_td3"]
 
 
 @pytest.mark.parametrize(
@@ -253,14 +253,6 @@ def test_mujoco_preset_holds_cleanrls_settings(algo, cleanrl):
     assert {k: getattr(args, k) for k in cleanrl} == cleanrl
 
 
-def test_same_seed_same_run_on_cpu(tmp_path):
-    tags = ("charts/episodic_return", "losses/qf1_loss", "losses/actor_loss")
-    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", "500", *TINY]
-    runs = seeded_runs("ddpg_td3", (7, 7, 8), tmp_path, *flags, tags=tags, env=ONE_THREAD)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
 def test_compiled_run_logs_repeats_with_its_seed_and_delays_the_actor(tmp_path):
     """--compile on the CPU, end to end: the run finishes and logs; the same seed gives the same run (inductor draws
     its random numbers from seeds it takes from torch's generator); and the actor's Adam took one step per
@@ -277,27 +269,6 @@ def test_compiled_run_logs_repeats_with_its_seed_and_delays_the_actor(tmp_path):
     assert runs[0][0] == runs[1][0] and all(runs[0][0])
     assert runs[0][1] == [200, 100] and runs[0][2] == 200  # 500 steps, 300 random: 200 critic and 100 actor steps
     assert runs[0][3]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPole-v1"], r"needs Box actions; CartPole-v1 has Discrete\(2\).*use dqn.py"),
-        (["--env-id", "Hoper-v4"], r"unknown env id 'Hoper-v4'.*did you mean Hopper-v4"),
-        (["--learning-starts", "10"], r"--learning-starts 10 is less than --batch-size 256"),
-        (["--buffer-size", "100"], r"--buffer-size 100 is less than --batch-size 256"),
-        # the mujoco preset's 25k random steps on a short run: no gradient step would ever be taken
-        (["--total-timesteps", "20000"], r"--learning-starts 25000 is not below --total-timesteps 20000, so no gradient"),
-        (
-            ["--num-envs", "8", "--total-timesteps", "4", "--learning-starts", "2", "--batch-size", "2"],
-            r"less than one step of 8",
-        ),
-        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
-        (["--resume", "FOREIGN"], r"is for Walker2d-v4, not Hopper-v4; pass --env-id Walker2d-v4"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    assert_one_error_line("ddpg_td3", run_bad_input("ddpg_td3", flags, tmp_path, "Walker2d-v4"), message)
 
 
 BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)

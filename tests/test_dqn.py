@@ -11,14 +11,12 @@ import torch
 
 from conftest import (
     CPU,
-    assert_one_error_line,
+    SMOKE_FLAGS,
     load_algorithm,
     load_file,
     only_run,
     run_algorithm,
-    run_bad_input,
     scalars,
-    seeded_runs,
     stop_run,
     twenty_episode_means,
 )
@@ -214,7 +212,7 @@ TAGS = {
     "losses/q_values",
     "eval/episodic_return",
 }
-SMALL = ["--learning-starts", "500", "--buffer-size", "1000", "--log-every", "500"]
+SMALL = SMOKE_FLAGS["dqn"]
 
 
 @pytest.mark.parametrize(
@@ -267,37 +265,6 @@ def test_help_says_a_resume_without_the_buffer_refills_it(capsys):
         dqn.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "a resumed run refills the buffer for --learning-starts steps before training again" in help_text
-
-
-def test_same_seed_same_run_on_cpu(tmp_path):
-    tags = ("charts/episodic_return", "losses/td_loss", "losses/q_values")
-    flags = ["--total-timesteps", "2500", *SMALL]
-    runs = seeded_runs("dqn", (7, 7, 8), tmp_path, *flags, tags=tags)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "Pendulum-v1"], r"needs Discrete actions, and Pendulum-v1 has Box.*; use ddpg_td3.py"),
-        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
-        (["--learning-starts", "10"], r"--learning-starts 10 is less than --batch-size 128"),
-        (["--learning-starts", "600", "--total-timesteps", "500"], r"--learning-starts 600 leaves no gradient step"),
-        (["--learning-starts", "500", "--total-timesteps", "505"], r"--learning-starts 500 leaves no gradient step"),
-        (["--buffer-size", "100"], r"--buffer-size 100 is less than --batch-size 128; raise --buffer-size"),
-        (["--buffer-size", "20", "--num-envs", "4"], r"--buffer-size 20 gives under 8 slots to each of --num-envs 4"),
-        (["--total-timesteps", "3", "--num-envs", "4"], r"--total-timesteps 3 is less than one step of 4 envs"),
-        (["--start-e", "0.01", "--end-e", "0.5"], r"--start-e 0.01 is below --end-e 0.5"),
-        (["--env-id", "Taxi-v3"], r"image observation, and Taxi-v3 has Discrete\(500\); use qlearning.py"),
-        (["--env-id", "Breakout-v5", "--env-backend", "gymnasium"], r"gymnasium has no env 'Breakout-v5'.*envpool"),
-        (["--env-id", "corridor_env:Corridor-v0", "--env-backend", "envpool"], r"envpool has no env 'corridor_env:Corr"),
-        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
-        (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
-    assert_one_error_line("dqn", run_bad_input("dqn", flags, tmp_path, "Acrobot-v1", env=test_env), message)
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, False), (signal.SIGKILL, True)])

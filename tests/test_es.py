@@ -12,12 +12,10 @@ import torch
 from conftest import (
     CPU,
     ROOT,
-    assert_one_error_line,
     load_algorithm,
     load_file,
     only_run,
     run_algorithm,
-    run_bad_input,
     scalars,
     stop_run,
     values,
@@ -219,26 +217,6 @@ def test_one_process_two_torchrun_processes_and_a_stopped_and_resumed_run_end_th
     assert len(steps) == 8 and steps == sorted(set(steps))  # every generation logged once across the stop
     assert len(values(again, "charts/episodic_return")) == 8 * 32  # and every member's episode
     assert "resume with: python " in out
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
-        (["--population-size", "7"], r"--population-size 7 must be a positive multiple of 2 x 1 process.*; pass 8"),
-        (["--sigma", "0"], r"--sigma 0.0 is out of range; pass a value in \(0, inf\)"),
-        (["--hidden-sizes", "32", "0"], r"--hidden-sizes 32 0 has a width below 1"),
-        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
-        (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
-        (["--env-id", "FrozenLake-v1"], r"needs a vector observation"),
-        (["--env-id", "Breakout-v5"], r"needs a vector observation"),
-        (["--env-id", "odd_envs:Multi-v0"], r"handles Discrete and Box action spaces.*MultiDiscrete"),
-        (["--env-id", "odd_envs:Unbounded-v0"], r"action bounds, and odd_envs:Unbounded-v0's are not finite"),
-        (["--env-id", "odd_envs:NoLimit-v0"], r"has no time limit.*; pass --max-episode-steps"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
-    assert_one_error_line("es", run_bad_input("es", flags, tmp_path, "Acrobot-v1", env=test_env), message)
 
 
 def test_bad_input_is_one_line_on_stderr_without_traceback(tmp_path):

@@ -13,26 +13,23 @@ import torch
 from conftest import (
     CPU,
     ROOT,
+    SMOKE_FLAGS,
     SMOKE_TIMEOUT,
-    assert_one_error_line,
     flat_params,
     load_algorithm,
     load_file,
     one_thread,
     only_run,
     run_algorithm,
-    run_bad_input,
     run_in_process,
     scalars,
-    seeded_runs,
     stop_run,
-    write_foreign_checkpoint,
 )
 
 ppg = load_algorithm("ppg_procgen")
 
 # a tiny configuration: 4 envs x 32 steps, phases of 2 policy iterations, one auxiliary epoch (on the machine's device)
-TINY = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--n-pi", "2", "--e-aux", "1"]
+TINY = SMOKE_FLAGS["ppg_procgen"]
 TAGS = {
     "charts/episodic_return",
     "charts/episodic_length",
@@ -318,32 +315,6 @@ def test_detach_architecture_trains_saves_and_reloads(tmp_path):
     model = load_file(only_run(tmp_path) / "ppg_procgen.model")
     assert model["args"]["arch"] == "detach" and not any(k.startswith("value_net.") for k in model["model"])
     assert "ppg_procgen.model: mean return" in proc.stdout
-
-
-def test_same_seed_same_run_on_cpu(tmp_path):
-    tags = ("losses/policy_loss", "losses/value_loss", "losses/bc_kl", "losses/aux_value_loss")
-    runs = seeded_runs("ppg_procgen", (3, 3, 4), tmp_path, *TINY, "--total-timesteps", "512", tags=tags)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPole-v1"], r"runs the 16 Procgen games .*not 'CartPole-v1'; run ppo\.py for it"),
-        (["--env-id", "StarpilotEasy-v1"], r"unknown Procgen env id 'StarpilotEasy-v1'; did you mean StarpilotEasy-v0"),
-        (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than the 8 rollouts of a phase"),
-        (["--num-minibatches", "3"], r"does not divide into 3 minibatches"),
-        (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
-        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
-        (["--resume", "FOREIGN"], r"is for BigfishEasy-v0, not StarpilotEasy-v0; pass --env-id BigfishEasy-v0"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "StarpilotEasy-v0", "ppo.py")
-    # on the CPU: the phase's memory check names the CPU's free memory
-    flags = [ppo_checkpoint if f == "PPO_CHECKPOINT" else f for f in [*TINY, CPU, *flags]]
-    assert_one_error_line("ppg_procgen", run_bad_input("ppg_procgen", flags, tmp_path, "BigfishEasy-v0"), message)
 
 
 def stop_when(flags, cwd, starts_with: str) -> str:

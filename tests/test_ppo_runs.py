@@ -1,20 +1,14 @@
 """ppo.py end to end: each env family, save + reload, video, seeding, bad input, stop and resume."""
 
-import signal
-
 import numpy as np
 import pytest
 
 from conftest import (
-    assert_one_error_line,
     load_algorithm,
     load_file,
     only_run,
     run_algorithm,
-    run_bad_input,
     scalars,
-    seeded_runs,
-    stop_run,
     values,
 )
 
@@ -108,46 +102,3 @@ def test_logged_return_is_the_sum_of_envpools_raw_rewards_over_the_whole_game(tm
     logged = values(only_run(tmp_path), "charts/episodic_return")
     # a game with a kill scores at least 5 raw points per alien against 1 clipped, so the two cannot agree
     assert len(games) >= 1 and max(games) > 0 and logged == games
-
-
-def test_same_seed_same_run_on_cpu(tmp_path):
-    tags = ("charts/episodic_return", "losses/value_loss", "losses/approx_kl")
-    runs = seeded_runs("ppo", (7, 7, 8), tmp_path, "--total-timesteps", "3072", tags=tags)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1, CartPole-v0, "),
-        (["--env-id", "nosuchmodule:Env-v0"], r"names module 'nosuchmodule', which cannot be imported"),
-        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations, and Breakout-v5 has uint8"),
-        (["--num-minibatches", "3"], r"512 does not divide into 3 minibatches"),
-        (["--total-timesteps", "100"], r"less than one rollout"),
-        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
-        (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
-        (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    assert_one_error_line("ppo", run_bad_input("ppo", flags, tmp_path, "Acrobot-v1"), message)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
-    """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
-    purges the events logged after it. Either way the curve has every iteration exactly once."""
-    total, batch = 30720, 512
-    flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--checkpoint-every", "5120"]
-    stop_run("ppo", *flags, cwd=tmp_path, at=8192, sig=sig)  # between two periodic checkpoints
-    run = only_run(tmp_path)
-    ckpt = load_file(run / "checkpoint.pt")
-    assert 5120 <= ckpt["global_step"] < total
-    resumed = run_algorithm("ppo", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
-    assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
-    assert only_run(tmp_path) == run  # the same tensorboard run goes on
-    steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
-    assert steps == list(range(batch, total + 1, batch))
-    # the schedule went on from the checkpoint: the last learning rate is the last iteration's
-    assert values(run, "charts/learning_rate")[-1] == pytest.approx(2.5e-4 / (total // batch))

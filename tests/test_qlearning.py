@@ -3,7 +3,6 @@ transition tables) and the start states it assumes, the discretiser, the episode
 seeding, save + reload, bad input, stop and resume."""
 
 import re
-import signal
 
 import gymnasium as gym
 import numpy as np
@@ -17,10 +16,7 @@ from conftest import (
     load_file,
     only_run,
     run_algorithm,
-    run_bad_input,
     scalars,
-    seeded_runs,
-    stop_run,
     values,
 )
 
@@ -235,57 +231,3 @@ def test_resume_report_names_only_the_given_flags_that_differ(tmp_path):
     assert "num-iterations" not in resumed.stdout and "--seed" not in resumed.stdout
     tyro_error = run_algorithm("qlearning", "--num-iterations", "5", cwd=tmp_path, check=False)
     assert_one_error_line("qlearning", tyro_error, r"Unrecognized options: --num-iterations")  # not a flag
-
-
-def test_same_seed_same_run_on_cpu(tmp_path):
-    def read(run):
-        table = load_file(run / "qlearning.model")["q"]
-        return [values(run, t) for t in ("charts/episodic_return", "losses/td_error")] + [table.tolist()]
-
-    flags = ["--total-timesteps", "30000", "--log-every", "1000", "--save-model", "--eval-episodes", "50"]
-    runs = seeded_runs("qlearning", (7, 7, 8), tmp_path, *flags, read=read)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "Pendulum-v1"], r"needs a Discrete action space .*Pendulum-v1 has Box.*; use ppo.py or ddpg_td3.py"),
-        (["--env-id", "odd_envs:MultiDiscreteActions-v0"], r"needs a Discrete action space .*has MultiDiscrete"),
-        (["--env-id", "Breakout-v5"], r"cannot tabulate Breakout-v5's \(4, 84, 84\) image observations; use dqn.py"),
-        (["--env-id", "odd_envs:TupleObs-v0"], r"needs Discrete or Box observations .*has Tuple"),
-        (["--env-id", "FrozenLak-v1"], r"unknown env id 'FrozenLak-v1'.*did you mean FrozenLake-v1"),
-        (["--env-id", "CartPole-v1", "--obs-low", "-1", "-1", "-1", "-1", "--obs-high", "1", "inf", "1", "1"],
-         r"unbounded in some dimensions; give the grid's bounds with --obs-low and --obs-high \(4 values each\)"),
-        (["--env-id", "CartPole-v0"], r"not finite in dimensions \[1, 3\]\) is unbounded in some dimensions"),
-        (["--env-id", "MountainCar-v0", "--obs-low", "0", "--obs-high", "1"], r"need 2 values each"),
-        (["--env-id", "MountainCar-v0", "--obs-low", "0", "0", "--obs-high", "0", "1"], r"empty in dimensions \[0\]"),
-        (["--obs-low", "0", "--obs-high", "1"], r"FrozenLake-v1's are Discrete; leave them out"),
-        (["--total-timesteps", "63"], r"--total-timesteps 63 is less than one step of the 64 envs"),
-        (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
-        (["--resume", "FOREIGN"], r"is for Taxi-v3, not FrozenLake-v1; pass --env-id Taxi-v3"),
-    ],
-)  # fmt: skip
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path, test_env):
-    assert_one_error_line("qlearning", run_bad_input("qlearning", flags, tmp_path, "Taxi-v3", env=test_env), message)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
-    """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run
-    purges the events logged after it. Either way the curve has every logging step exactly once."""
-    total, log_every = 200_000, 3200  # 50 vector steps of 64 envs per log
-    flags = ["--total-timesteps", str(total), "--progress-interval", "0", "--log-every", str(log_every)]
-    flags += ["--checkpoint-every", "32000"]
-    stop_run("qlearning", *flags, cwd=tmp_path, at=48_000, sig=sig)  # between two periodic checkpoints
-    run = only_run(tmp_path)
-    ckpt = load_file(run / "checkpoint.pt")
-    assert 32_000 <= ckpt["global_step"] < total
-    resumed = run_algorithm("qlearning", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
-    assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
-    assert only_run(tmp_path) == run  # the same tensorboard run goes on
-    steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
-    assert steps == list(range(log_every, total - total % 64 + 1, log_every)) + [total - total % 64]
-    # the schedules went on from the checkpoint: the last learning rate is the end of the decay
-    assert values(run, "charts/learning_rate")[-1] == pytest.approx(0.01, abs=1e-4)

@@ -235,6 +235,8 @@ OVERSIZED = {
 }
 # Tensors a file's main holds for its network outside modules and optimisers: es.py's ES gradient
 OTHER_NETWORK_TENSORS = {"es": ("grad",)}
+# Functions besides main whose locals hold a network when they return: es.py's end_run, the reloaded final policy
+OTHER_NETWORK_FRAMES = {"es": ("end_run",)}
 NETWORKS = ("the network", "the agent", "the RND", "the Q-network", "the actor", "the critic", "the twin critics")
 
 
@@ -309,15 +311,18 @@ FITTING = {
 
 @pytest.mark.parametrize("name", sorted(FITTING))
 def test_the_network_reckoning_is_within_a_tenth_of_what_a_run_allocates(name, tmp_path):
-    """A run of a size that fits: the parameters, gradients and optimiser states its networks hold at the end of main,
-    against what storage() reckoned for them."""
+    """A run of a size that fits: the parameters, gradients and optimiser states its networks hold at the end of main
+    (and of the functions OTHER_NETWORK_FRAMES names), against what storage() reckoned for them."""
     flags = [*FITTING[name], CPU]
     reckoned, held = reckoned_networks(name, flags), {}
 
     def call(module):
+        frames = {getattr(module, f).__code__: f"{f}." for f in OTHER_NETWORK_FRAMES.get(name, ())}
+        frames[module.main.__code__] = ""
+
         def profile(frame, event, _arg):
-            if event == "return" and frame.f_code is module.main.__code__:
-                held.update(frame.f_locals)
+            if event == "return" and frame.f_code in frames:
+                held.update({frames[frame.f_code] + k: v for k, v in frame.f_locals.items()})
 
         sys.setprofile(profile)
         try:

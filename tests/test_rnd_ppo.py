@@ -2,34 +2,26 @@
 across episode ends, novelty that fades with training, the room counter, runs end to end (save + reload, seeds,
 bad input, stop and resume)."""
 
-import signal
-
 import numpy as np
 import pytest
 import torch
 from pixel_corridor import LENGTH, PixelCorridor
 
 from conftest import (
-    assert_one_error_line,
+    SMOKE_FLAGS,
     flat_params,
     load_algorithm,
     load_file,
     only_run,
     run_algorithm,
-    run_bad_input,
     scalars,
-    seeded_runs,
-    stop_run,
-    values,
-    write_foreign_checkpoint,
 )
 
 rnd_ppo = load_algorithm("rnd_ppo")
 
 # a tiny configuration: 4 envs x 32 steps, 2 minibatches, one rollout of random steps for the observation statistics,
 # episodes capped at 40 steps (so truncations and their reset steps happen)
-TINY = "--num-envs 4 --num-steps 32 --num-minibatches 2 --num-iterations-obs-norm-init 1 --max-episode-steps 40 --no-cuda"
-TINY = TINY.split()
+TINY = SMOKE_FLAGS["rnd_ppo"]
 TAGS = {
     "charts/episodic_return",
     "charts/episodic_length",
@@ -279,49 +271,3 @@ def test_a_game_without_rooms_logs_no_room_tags(tmp_path):
     logged = scalars(only_run(tmp_path))
     assert "charts/episode_rooms" not in logged and "charts/rooms_visited_total" not in logged
     assert "losses/rnd_loss" in logged
-
-
-def test_same_seed_same_run_on_cpu(tmp_path):
-    tags = ("losses/policy_loss", "losses/rnd_loss", "losses/int_value_loss", "charts/intrinsic_reward")
-    runs = seeded_runs("rnd_ppo", (3, 3, 4), tmp_path, *TINY, "--total-timesteps", "256", tags=tags)
-    assert runs[0] == runs[1]
-    assert runs[0] != runs[2]
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPole-v1"], r"runs envpool's Atari games, and CartPole-v1 has non-image .*; run ppo\.py for it"),
-        (["--env-id", "StarpilotEasy-v0"], r"StarpilotEasy-v0 has image observations .*not Atari frames; run ppo\.py"),
-        (["--env-id", "MontezumaRevenge-v4"], r"unknown env id 'MontezumaRevenge-v4'.*did you mean MontezumaRevenge-v5"),
-        (["--num-minibatches", "3"], r"128 does not divide into 3 minibatches"),
-        (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
-        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
-        (["--resume", "FOREIGN"], r"is for Venture-v5, not MontezumaRevenge-v5; pass --env-id Venture-v5"),
-    ],
-)
-def test_bad_input_gets_one_clear_line(flags, message, tmp_path):
-    ppo_checkpoint = write_foreign_checkpoint(tmp_path / "ppo_checkpoint.pt", "MontezumaRevenge-v5", "ppo.py")
-    flags = [ppo_checkpoint if f == "PPO_CHECKPOINT" else f for f in [*TINY, *flags]]
-    assert_one_error_line("rnd_ppo", run_bad_input("rnd_ppo", flags, tmp_path, "Venture-v5"), message)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, tmp_path):
-    """SIGTERM writes a checkpoint at once; SIGKILL falls back to the last periodic one and the resumed run purges the
-    events logged after it. Either way every iteration is logged once, and the resumed run keeps the checkpoint's
-    statistics (it runs no second random initialisation)."""
-    total, batch = 1280, 128
-    flags = [*TINY, "--total-timesteps", str(total), "--progress-interval", "0", "--checkpoint-every", "256"]
-    stop_run("rnd_ppo", *flags, cwd=tmp_path, at=640, sig=sig)
-    run = only_run(tmp_path)
-    ckpt = load_file(run / "checkpoint.pt")
-    assert 256 <= ckpt["global_step"] < total and ckpt["rooms_seen"].sum() >= 1
-    resumed = run_algorithm("rnd_ppo", "--resume", str(run / "checkpoint.pt"), cwd=tmp_path)
-    assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
-    assert "observation statistics from" not in resumed.stdout
-    assert only_run(tmp_path) == run
-    logged = scalars(run)
-    assert [s for s, _, _ in logged["losses/rnd_loss"]] == list(range(batch, total + 1, batch))
-    assert [s for s, _, _ in logged["charts/obs_norm_init_seconds"]] == [0]
-    assert values(run, "charts/rooms_visited_total")[-1] >= 1

@@ -1,0 +1,79 @@
+"""The shape of an algorithm file (CONTRIBUTING.md, "Three parts"): the algorithm from the top to a line that begins
+`# The algorithm ends here`, within its budget of lines and holding everything a learner needs (Args, the networks, the
+maths the Makefile's MATHS lists, the update step, main), then this file's machinery, then the shared block. Reads the
+files' text only: no import, no run."""
+
+import ast
+import re
+
+import pytest
+
+from conftest import ROOT
+
+MARKER = "# The algorithm ends here"
+SHARED = "# Run plumbing"
+MAIN_LINES = 120  # at most, in every file
+
+# Lines a learner reads: from the top of the file to the line before the marker; beside each, what part 1 must hold
+# besides Args, main and the file's maths (the networks and the update step)
+PART_ONE = {
+    "ppo": (400, ["Agent", "training_steps", "ppo_update"]),
+    "a2c": (380, ["Agent", "training_steps"]),
+    "dqn": (300, ["QNetwork", "training_steps"]),
+    "ddpg_td3": (330, ["Actor", "Critics", "critic_update", "actor_update"]),
+    "es": (330, ["Policy", "rollout"]),
+    "qlearning": (280, []),
+    "ppg_procgen": (520, ["ImpalaCNN", "Agent", "policy_update", "aux_update"]),
+    "rnd_ppo": (560, ["Agent", "RNDModel", "rnd_ppo_update"]),
+}
+
+
+def maths(name: str) -> list[str]:
+    """The Makefile's MATHS entries of this file: its pure maths functions, which the mutation tests reach."""
+    text = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^MATHS = (.*?)\n\n", text, re.S | re.M).group(1).replace("\\\n", " ").split()
+    return [entry.split(".", 1)[1] for entry in listed if entry.split(".", 1)[0] == name]
+
+
+def parts(name: str):
+    text = (ROOT / "algorithms" / f"{name}.py").read_text()
+    lines = text.splitlines()
+    markers = [i for i, line in enumerate(lines) if line.startswith(MARKER)]
+    assert len(markers) == 1, f"{name}.py needs one line that begins '{MARKER}', has {len(markers)}"
+    shared = next(i for i, line in enumerate(lines) if line.startswith(SHARED))
+    return text, markers[0], shared
+
+
+def test_the_makefile_lists_maths_for_every_file_but_none_for_a_name_it_does_not_know():
+    assert sorted(PART_ONE) == sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
+    assert all(maths(name) for name in PART_ONE)
+
+
+@pytest.mark.parametrize("name", sorted(PART_ONE))
+def test_the_algorithm_comes_first_within_its_budget_and_holds_what_a_learner_needs(name):
+    text, marker, shared = parts(name)
+    budget, needed = PART_ONE[name]
+    assert marker <= budget, f"{name}.py: part 1 is {marker} lines, over its budget of {budget}"
+    assert marker < shared, f"{name}.py: the marker stands below the shared block"
+    where = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            assert node.name not in where, f"{name}.py defines {node.name} twice"
+            where[node.name] = node
+    for symbol in ["Args", *needed, *maths(name), "main"]:
+        assert symbol in where, f"{name}.py has no {symbol}"
+        assert where[symbol].end_lineno <= marker, f"{name}.py: {symbol} stands below the marker; part 1 must hold it"
+    main = where["main"]
+    assert main.end_lineno - main.lineno + 1 <= MAIN_LINES, f"{name}.py: main is over {MAIN_LINES} lines"
+    # the module docstring opens the file and carries the reading guide, which names the marker
+    assert ast.get_docstring(ast.parse(text)) and "algorithm ends here" in ast.get_docstring(ast.parse(text))
+
+
+@pytest.mark.parametrize("name", sorted(PART_ONE))
+def test_part_one_uses_nothing_from_another_file_of_this_project(name):
+    text, marker, _ = parts(name)
+    top = ast.parse("\n".join(text.splitlines()[:marker]))
+    imported = [a.name for n in ast.walk(top) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(top) if isinstance(n, ast.ImportFrom)]
+    own = {p.stem for p in (ROOT / "algorithms").glob("*.py")} | {"algos", "tblog", "benchmark", "conftest"}
+    assert not [m for m in imported if m.split(".")[0] in own]
