@@ -767,7 +767,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+            # --help opens with the docstring's first paragraph: what the script is, not the reading guide
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))

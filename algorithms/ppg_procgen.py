@@ -212,59 +212,20 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-def scale_reward(
-    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
-):
-    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
-
-    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
-    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
-    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
-    """
+def scale_reward(reward, discounted_return, done, rms: "RunningMeanStd", gamma: float, clip: float = 10.0):
+    """Rewards (numpy rows) over the running std of the discounted return (Huang et al. 2022, continuous detail 8),
+    clipped; and the return for the next step. Every step counts, the reset step too (docs/ppo.md, on --norm-reward)."""
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return[:, None])
     return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
 
 
 def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
-
-    With next-step autoreset the observation after a truncated step is the real final observation, so
-    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
-    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
-    (valid = 0) gets advantage 0 and is masked out of the loss.
-    """
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
+    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
+    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
     num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(num_steps)):
         nextvalues = next_value if t == num_steps - 1 else values[t + 1]
         delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
@@ -652,6 +613,9 @@ def start_run(args: Args) -> types.SimpleNamespace:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
+    if ckpt is not None and ckpt["phase"][rank] is not None:  # missing frames: refused before the writer appends
+        frame = int(np.prod(obs_space.shape)) * (args.num_envs // args.world_size)
+        check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * frame)
     global_step = ckpt["global_step"] if ckpt else 0
     writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
     return types.SimpleNamespace(
@@ -759,6 +723,34 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(parts, local)
     return torch.cat(parts)
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
+    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
+    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
+    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
+    the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+
+    def state_dict(self) -> dict:
+        return dict(
+            mean=torch.from_numpy(self.mean),
+            var=torch.from_numpy(self.var),
+            count=torch.tensor(self.count, dtype=torch.float64),
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
 
 
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
@@ -938,11 +930,16 @@ def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int
     return dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
 
 
-def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
+def check_phase_file(run_dir: str, saved: dict, numel: int) -> str:
     path = os.path.join(run_dir, saved["file"])
-    target = phase["obs"][: saved["filled"]]
-    if not os.path.isfile(path) or os.path.getsize(path) != target.numel():
+    if not os.path.isfile(path) or os.path.getsize(path) != numel:
         fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from a checkpoint whose file is whole")
+    return path
+
+
+def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
+    target = phase["obs"][: saved["filled"]]
+    path = check_phase_file(run_dir, saved, target.numel())
     with open(path, "rb") as f:  # slot by slot, so that no second copy of the phase is ever held
         for slot in target:
             slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))
@@ -1210,7 +1207,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+            # --help opens with the docstring's first paragraph: what the script is, not the reading guide
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))

@@ -2,8 +2,7 @@
 
 Reading guide: the algorithm comes first, down to the line `# The algorithm ends here`: Args, the network, the maths,
 the update step and main, the training loop. Below it: this file's machinery (presets, envs, recurrent and torchrun
-helpers, evaluation, checks, start_run and end_run), then the run plumbing all eight files share. Flags: docs/ppo.md.
-"""
+helpers, evaluation, checks, start_run and end_run), then the run plumbing all eight files share. Flags: docs/ppo.md."""
 
 from dataclasses import dataclass
 from typing import Literal
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 import tyro
 from torch import nn
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical, Independent, Normal
 
 
 @dataclass
@@ -65,7 +64,6 @@ class Args:
     """a recurrent layer between the encoder and the heads, with the preset's recurrent settings (RNN_PRESETS)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-
     # --- run settings ---
     exp_name: str = "ppo"
     """name of this experiment, part of the run directory name"""
@@ -101,7 +99,6 @@ class Args:
     """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
-
     # --- computed at start-up (check_args) ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
@@ -121,21 +118,23 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+def mlp(n_in: int, n_out: int, std: float) -> nn.Sequential:
+    """CleanRL's 64-64 tanh MLP; the last layer's weights drawn with gain `std`."""
+    layers = [layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()]
+    return nn.Sequential(*layers, layer_init(nn.Linear(64, n_out), std=std))
+
+
 class Agent(nn.Module):
-    """Actor-critic chosen from the spaces: Nature CNN (shared trunk) for image observations, two separate
-    64-64 tanh MLPs for vector observations; categorical policy for Discrete, Gaussian for Box actions. With a
-    recurrent layer (rnn "lstm" or "gru"), it sits between the encoder (the CNN, or nothing for vectors) and the heads
-    (the linear heads, or the two MLPs), and actor and critic share it: CleanRL's ppo_atari_lstm.py (CNN, 512, LSTM,
-    heads) and sb3-contrib's RecurrentPPO with a shared LSTM (observation, LSTM, 64-64 MLPs)."""
+    """Actor-critic: a Nature CNN trunk (frames) or two 64-64 tanh MLPs (vectors); --rnn: a recurrent layer before them."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
         super().__init__()
         obs_shape = obs_space.shape
-        self.continuous = isinstance(action_space, gym.spaces.Box)
+        self.continuous, self.frames = isinstance(action_space, gym.spaces.Box), len(obs_shape) == 3  # frames: (C, H, W)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
-        n_features = 512 if len(obs_shape) == 3 else int(np.prod(obs_shape))
+        n_features = 512 if self.frames else int(np.prod(obs_shape))
         n_head = n_features if rnn == "none" else rnn_size
-        if len(obs_shape) == 3:  # (C, H, W) uint8 frames; Mnih et al. 2015 Nature CNN
+        if self.frames:  # uint8 frames; Mnih et al. 2015 Nature CNN
             self.encoder = nn.Sequential(
                 layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
                 nn.ReLU(),
@@ -147,93 +146,54 @@ class Agent(nn.Module):
             )
             with torch.no_grad():
                 n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
-            self.encoder.append(layer_init(nn.Linear(n_flat, 512)))
-            self.encoder.append(nn.ReLU())
+            self.encoder.extend([layer_init(nn.Linear(n_flat, 512)), nn.ReLU()])
             self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
             self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
-            self.scale = 1.0 / 255.0
         else:
             self.encoder = nn.Flatten()
-            self.actor = nn.Sequential(
-                layer_init(nn.Linear(n_head, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, n_out), std=0.01),
-            )
-            self.critic = nn.Sequential(
-                layer_init(nn.Linear(n_head, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 1), std=1.0),
-            )
-            self.scale = 1.0
-        if self.continuous:
-            # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
+            self.actor = mlp(n_head, n_out, std=0.01)
+            self.critic = mlp(n_head, 1, std=1.0)
+        if self.continuous:  # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are float
-        # already, and not scaled
-        return self.encoder(x.float().mul_(self.scale)) if self.scale != 1.0 else self.encoder(x)
+        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are not
+        return self.encoder(x.float().mul_(1.0 / 255.0)) if self.frames else self.encoder(x)
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
-        size) for a GRU; None without memory."""
-        if self.memory is None:
-            return None
-        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+        """The memory's state before an episode's first observation (zeros); None without memory."""
+        return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
-        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
-        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
-        features come out (T*B, size)."""
+        """The features the heads see, and the memory's state after them (None without memory; see memory_features)."""
         if self.memory is None:
             return self.encode(x), None
-        one_step = starts is None or starts.dim() == 1
-        x = x.unsqueeze(0) if one_step else x
-        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-        state = self.initial_state(x.shape[1], x.device) if state is None else state
-        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-        # without spans, one call per step: right for any starts
-        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-        return h.flatten(0, 1), state
+        return memory_features(self.memory, self.encode, x, state, starts, spans)
 
     def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
         return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
 
     def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
-        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, and the
-        memory's state after x (None without memory)."""
+        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, memory state."""
         h, state = self.hidden(x, state, starts, spans)
-        if self.continuous:  # a Gaussian per action dimension, with a state-independent log std
+        if self.continuous:  # independent Gaussians, one per action dimension, with a state-independent log std
             mean = self.actor(h)
-            dist = Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+            dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1)
         else:
             dist = Categorical(logits=self.actor(h), validate_args=False)
         if action is None:
             action = dist.mode if deterministic else dist.sample()
-        logprob, entropy = dist.log_prob(action), dist.entropy()
-        if self.continuous:
-            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
-        return action, logprob, entropy, self.critic(h).squeeze(-1), state
+        return action, dist.log_prob(action), dist.entropy(), self.critic(h).squeeze(-1), state
 
 
 # The algorithm's maths: pure functions, tensors (or arrays) in and out
 def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
-
-    With next-step autoreset the observation after a truncated step is the real final observation, so
-    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
-    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
-    (valid = 0) gets advantage 0 and is masked out of the loss.
-    """
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
+    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
+    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
     num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(num_steps)):
         nextvalues = next_value if t == num_steps - 1 else values[t + 1]
         delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
@@ -250,10 +210,8 @@ def ppo_loss(
     newlogprob, oldlogprob, entropy, newvalue, oldvalue, advantages, returns, mask,
     clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool,
 ):  # fmt: skip
-    """Clipped surrogate + (clipped) value loss - entropy bonus over the valid entries of a minibatch.
-
-    Returns the total loss and, detached, (policy loss, value loss, entropy, approx KL, clip fraction).
-    """
+    """Clipped surrogate + (clipped) value loss - entropy bonus over the valid entries of a minibatch; returns the loss
+    and, detached, (policy loss, value loss, entropy, approx KL, clip fraction)."""
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     if norm_adv:  # Huang et al. 2022, detail 7: per-minibatch advantage normalisation
@@ -297,50 +255,16 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-def normalize_obs(obs: np.ndarray, rms: RunningMeanStd | None, clip: float = 10.0) -> np.ndarray:
+def normalize_obs(obs: np.ndarray, rms: "RunningMeanStd | None", clip: float = 10.0) -> np.ndarray:
     """Vectors as the network's float32, standardised and clipped when there are statistics; frames as they are."""
     if rms is None:
         return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
     return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
 
 
-def scale_reward(
-    reward: np.ndarray, discounted_return: np.ndarray, done: np.ndarray, rms: RunningMeanStd, gamma: float, clip: float = 10.0
-):
-    """Divide rewards by the running std of the discounted return (Huang et al. 2022, continuous detail 8).
-
-    Every step counts as a sample, as in gymnasium's NormalizeReward: the reset step's return is 0, and
-    skipping it would need a host sync per step. A float32 reward row is taken as it is: numpy computes with it in
-    float64, the return's precision. Returns (scaled reward, discounted return for the next step).
-    """
+def scale_reward(reward, discounted_return, done, rms: "RunningMeanStd", gamma: float, clip: float = 10.0):
+    """Rewards (numpy rows) over the running std of the discounted return (Huang et al. 2022, continuous detail 8),
+    clipped; and the return for the next step. Every step counts, the reset step too (docs/ppo.md, on --norm-reward)."""
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return[:, None])
     return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
@@ -365,38 +289,26 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
         optimizer.step()
         return mb_stats
 
-    act = agent.get_action_and_value
-    if not args.compile:
-        return act, update
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
+    return compiled_if_asked(agent.get_action_and_value, update, args)
 
 
-def ppo_update(update, rollout: dict, args: Args, memory: tuple | None = None) -> torch.Tensor:
-    """update_epochs epochs over the (T, N) rollout; returns the mean per minibatch of the loss terms. A minibatch is a
-    random sample of steps; with memory, `memory` is (the state each env began the rollout with, the episode starts, the
-    spans of run_memory), and a minibatch is a random group of whole envs, replayed from that state (docs/ppo.md)."""
-    device, (num_steps, num_envs) = rollout["valid"].device, rollout["valid"].shape  # this process's envs
-    names = ("obs", "actions", "logprobs", "values", "advantages", "returns", "valid")
-    flat = {k: rollout[k].flatten(0, 1) for k in names}
+def ppo_update(update, rollout: tuple, args: Args, memory: tuple | None = None) -> torch.Tensor:
+    """update_epochs epochs of minibatches, random samples of the rollout's steps ((T, N) tensors, update's arguments in
+    order) or, with memory, random groups of whole envs (sequence_minibatches); returns the mean loss terms."""
+    device, (num_steps, num_envs) = rollout[-1].device, rollout[-1].shape  # valid, last: this process's envs
+    flat = [x.flatten(0, 1) for x in rollout]
     stats, num_updates = torch.zeros(5, device=device), 0
     for _epoch in range(args.update_epochs):
         if memory is None:  # the update's arguments for each minibatch, gathered as it comes
             perm = torch.randperm(num_steps * num_envs, device=device)
-            minibatches = ([flat[k][mb] for k in names] for mb in perm.split(num_steps * num_envs // args.num_minibatches))
+            minibatches = ([x[mb] for x in flat] for mb in perm.split(num_steps * num_envs // args.num_minibatches))
         else:  # recurrent: whole sequences of a group of envs
-            state, starts, spans = memory
-            minibatches = (
-                [rollout["obs"][:, envs], *(rollout[k][:, envs].flatten(0, 1) for k in names[1:]), state[:, envs],
-                 starts[:, envs], spans]
-                for envs in torch.randperm(num_envs, device=device).split(num_envs // args.num_minibatches)
-            )  # fmt: skip
+            minibatches = sequence_minibatches(rollout, memory, num_envs // args.num_minibatches)
         for arguments in minibatches:
             mb_stats = update(*arguments)
             stats += mb_stats
             num_updates += 1
-        # one host sync per epoch, and only when the early stop is on (Huang et al. 2022, auxiliary detail 3); under
-        # torchrun the mean over processes, so that all stop at the same epoch
+        # one host sync per epoch, only with the early stop on (Huang et al. 2022, auxiliary detail 3); torchrun: the mean
         if args.target_kl is not None and mean_over_processes(mb_stats[3], args.world_size).item() > args.target_kl:
             break
     return stats / num_updates
@@ -408,10 +320,8 @@ def main(args: Args) -> None:
     run = start_run(args)
     rank, device, obs_space, action_space = run.rank, run.device, run.obs_space, run.action_space
     agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)  # the same weights in every process
-    # Huang et al. 2022, detail 3; compiled, the rate is a tensor, so that annealing it does not recompile the update
+    # Huang et al. 2022, detail 3; fused: one kernel for all parameters; compiled: foreach, and a rate tensor (no recompiles)
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
-    # fused: one kernel for all parameters, many times faster than the per-tensor loop on small networks; compiled,
-    # inductor fuses the foreach one (it cannot trace the fused kernel)
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, eps=1e-5, fused=not args.compile)
     act, update = training_steps(agent, optimizer, args)
     obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
@@ -420,37 +330,29 @@ def main(args: Args) -> None:
         torch.manual_seed(args.seed + rank)
     global_step, start_iteration = restore_run(run.ckpt, agent, optimizer, obs_rms, return_rms, rank, args, device, run.dir)
 
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them,
-    # from the backend that one process would step them all with
+    # a resumed run's envs take a fresh seed; process r steps envs r*N .. r*N + N-1, with the backend one process would pick
     T, N = args.num_steps, args.num_envs // args.world_size
     seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
     envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend, False, args.frame_stack)
-    continuous = isinstance(action_space, gym.spaces.Box)
 
     # rollout storage, preallocated on the device; frames stay uint8
     obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
     obs = torch.zeros((T, N) + obs_space.shape, dtype=obs_dtype, device=device)
-    actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if continuous else torch.long, device=device)
+    actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
     logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
     rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
     host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
 
     next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    # recurrent: the memory's state carried from step to step (None without memory), zeroed where an episode starts
-    # (see run_memory), and the rollout's episode starts; a resumed run's envs start new episodes, so from zeros too
+    # recurrent (None without memory): the state carried from step to step, zeroed where an episode starts (run_memory)
     state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
     starts = None if state is None else torch.zeros((T, N), device=device)
-    discounted_return = np.zeros(N)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    discounted_return, ep_return, ep_length = np.zeros(N), np.zeros(N), np.zeros(N, dtype=np.int64)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
-        if args.compile:
-            optimizer.param_groups[0]["lr"].fill_(lr)
-        else:
-            optimizer.param_groups[0]["lr"] = lr
-
+        optimizer.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"].fill_(lr) if args.compile else lr
         # --- rollout ---
         rollout_state, finished = state, []  # recurrent: where the update replays each env's sequence from
         for step in range(T):
@@ -460,7 +362,7 @@ def main(args: Args) -> None:
                 action, logprob, _, value, state = act(next_obs, state=state, starts=next_start)
             actions[step], logprobs[step], values[step] = action, logprob, value
             env_action = action.cpu().numpy()
-            if continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
+            if agent.continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
                 env_action = np.clip(env_action, action_space.low, action_space.high)
             next_obs_np, reward, term, trunc, info = envs.step(env_action)
             done = term | trunc
@@ -468,52 +370,30 @@ def main(args: Args) -> None:
             if return_rms is not None:
                 host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
             step_rows[:, step] = torch.from_numpy(host_rows)
-            if state is not None:
-                # recurrent: an episode starts at the step after the reset step, and the memory is zeroed there: the
-                # reset step acts on the episode's last observation, whose value (a truncation's bootstrap) needs it
+            if state is not None:  # recurrent: zeroed after the reset step, which acts on an episode's last observation
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
             episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-                ep_return, ep_length, score, next_valid, episode_end
-            )
-            finished.append((global_step, fin_returns, fin_lengths))
+            ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
+            finished.append((global_step, *ended))
             next_valid = ~done
-
         # --- advantages ---
         with torch.no_grad():
             next_value = agent.get_value(next_obs, state, next_start)
-            advantages, returns = compute_gae(
-                rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda
-            )
-
+        advantages, returns = compute_gae(rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda)
         # --- update ---
-        rollout = dict(
-            obs=obs, actions=actions, logprobs=logprobs, values=values, advantages=advantages, returns=returns, valid=valid
-        )
         memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
-        stats = ppo_update(update, rollout, args, memory)
-
+        stats = ppo_update(update, (obs, actions, logprobs, values, advantages, returns, valid), args, memory)
         # --- logging (process 0, with every process's episodes): one host sync per iteration ---
-        episodes = gather_episodes(finished, args.world_size)
-        if rank == 0:
-            explained = explained_variance(values.flatten(), returns.flatten(), valid.flatten())
-            log_iteration(
-                run.writer, run.progress, episodes, stats, explained, lr, global_step, iteration == args.num_iterations
-            )
-
+        log_iteration(run, args, finished, stats, (values, returns, valid), lr, global_step, iteration)
         # --- evaluation (process 0), checkpoint, stop requests ---
         if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            with run.progress.paused():
-                eval_returns = evaluate(agent, obs_rms, args, device, video_path(args, run.dir, global_step))
-                log_eval(run.writer, eval_returns, global_step)
+            evaluate_and_log(run, args, agent, obs_rms, global_step)
         stopping = stop_everywhere(run.stop, args.world_size, device)  # the same on every process
         if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(run, args, agent, optimizer, obs_rms, return_rms, global_step, iteration)
+            write_checkpoint(run, args, (agent, optimizer, obs_rms, return_rms), global_step, iteration)
         if stopping:
-            envs.close()
-            stop_processes_and_exit(run.stop, run.writer, args, run.dir, f"step {global_step:,}")
-
+            stop_run(run, args, envs, global_step)
     # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (end_run, below) ---
     end_run(run, args, envs, agent, obs_rms, global_step)
 
@@ -755,7 +635,55 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
+def sequence_minibatches(rollout: tuple, memory: tuple, group: int):
+    """ppo_update's minibatches with memory: each a random group of whole envs, their (T, group, ...) observations and
+    T*group steps of the rest, replayed from `memory`: (the state each env began the rollout with, the episode starts,
+    the spans of run_memory) (docs/ppo.md)."""
+    (obs, *rest), (state, starts, spans) = rollout, memory
+    envs_order = torch.randperm(obs.shape[1], device=obs.device)
+    return (
+        [obs[:, envs], *(x[:, envs].flatten(0, 1) for x in rest), state[:, envs], starts[:, envs], spans]
+        for envs in envs_order.split(group)
+    )
+
+
+def evaluate_and_log(run: types.SimpleNamespace, args: Args, agent: Agent, obs_rms, global_step: int) -> None:
+    """An evaluation during training (--eval-every; process 0), the progress line paused while it runs."""
+    with run.progress.paused():
+        eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.dir, global_step))
+        log_eval(run.writer, eval_returns, global_step)
+
+
+def compiled_if_asked(act, update, args: Args):
+    """training_steps' two functions, handed to torch.compile with --compile (LeanRL's approach: the same code, traced
+    once); without it, as they are."""
+    if not args.compile:
+        return act, update
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
+
+
 # Recurrent helpers: the memory of Agent.hidden
+def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
+    """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size)
+    for a GRU."""
+    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
+
+
+def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
+    """Agent.hidden with memory: x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from
+    `state` with the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when
+    given); returns the features, (T*B, size), and the memory's state after them."""
+    one_step = starts is None or starts.dim() == 1
+    x = x.unsqueeze(0) if one_step else x
+    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+    state = zero_state(memory, x.shape[1], x.device) if state is None else state
+    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+    # without spans, one call per step: right for any starts
+    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+    return h.flatten(0, 1), state
+
+
 def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
     """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
     ppo_atari_lstm.py initialises its LSTM."""
@@ -805,6 +733,34 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     parts = [torch.empty_like(local) for _ in range(world_size)]
     dist.all_gather(parts, local)
     return torch.cat(parts)
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
+    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
+    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
+    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
+    the same statistics, those of one process with all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+
+    def state_dict(self) -> dict:
+        return dict(
+            mean=torch.from_numpy(self.mean),
+            var=torch.from_numpy(self.var),
+            count=torch.tensor(self.count, dtype=torch.float64),
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
 
 
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
@@ -1118,16 +1074,21 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-def log_iteration(writer, progress, episodes: list, stats, explained, lr: float, global_step: int, last: bool) -> None:
-    """Process 0's log of an iteration: every process's finished episodes at the steps they ended, the update's mean
-    losses, the explained variance of the value predictions, the learning rate and the progress line."""
+def log_iteration(run: types.SimpleNamespace, args: Args, finished: list, stats, ev_inputs: tuple, lr, global_step, iteration):
+    """Process 0's log: every process's finished episodes at the steps they ended (one exchange), the update's mean loss
+    terms (`stats`), the explained variance of the values (`ev_inputs`: values, returns, valid), the learning rate and
+    the progress line."""
+    episodes = gather_episodes(finished, args.world_size)
+    if run.rank != 0:
+        return
+    explained = explained_variance(*(x.flatten() for x in ev_inputs)).reshape(1)
     for step, fin_returns, fin_lengths in episodes:
-        progress.log_episodes(writer, fin_returns, fin_lengths, step)
-    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
-    for name, value in zip(names, torch.cat([stats, explained.reshape(1)]).tolist(), strict=True):
-        writer.add_scalar(f"losses/{name}", value, global_step)
-    writer.add_scalar("charts/learning_rate", lr, global_step)
-    progress.log(writer, global_step, global_step, force=last)
+        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, step)
+    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")[: len(stats)] + ("explained_variance",)
+    for name, value in zip(names, torch.cat([stats, explained]).tolist(), strict=True):
+        run.writer.add_scalar(f"losses/{name}", value, global_step)
+    run.writer.add_scalar("charts/learning_rate", lr, global_step)
+    run.progress.log(run.writer, global_step, global_step, force=iteration == args.num_iterations)
 
 
 # A run's start and end, as main calls them
@@ -1153,9 +1114,17 @@ def start_run(args: Args) -> types.SimpleNamespace:
     return run
 
 
-def write_checkpoint(run: types.SimpleNamespace, args: Args, agent, optimizer, obs_rms, return_rms, global_step, iteration):
-    """checkpoint.pt (process 0): what --resume needs to go on as if uninterrupted, every process's RNG states included."""
-    rngs = gather_objects(rng_state(run.device), args.world_size)  # every process's, each to resume its own
+def stop_run(run: types.SimpleNamespace, args: Args, envs, global_step: int) -> None:
+    """A stop request (Ctrl-C, SIGTERM), after its checkpoint: the envs closed, then every process leaves."""
+    envs.close()
+    stop_processes_and_exit(run.stop, run.writer, args, run.dir, f"step {global_step:,}")
+
+
+def write_checkpoint(run: types.SimpleNamespace, args: Args, nets: tuple, global_step: int, iteration: int) -> None:
+    """checkpoint.pt, written by process 0: `nets` (agent, optimiser, observation and reward statistics) and every
+    process's RNG states, each process to resume its own."""
+    agent, optimizer, obs_rms, return_rms = nets
+    rngs = gather_objects(rng_state(run.device), args.world_size)
     if run.rank == 0:
         save_checkpoint(
             os.path.join(run.dir, "checkpoint.pt"), "checkpoint", args, run.dir,
@@ -1236,7 +1205,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+            # --help opens with the docstring's first paragraph: what the script is, not the reading guide
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))

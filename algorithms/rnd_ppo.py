@@ -166,27 +166,14 @@ class Agent(nn.Module):
         return self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs,
-        size) for a GRU; None without memory."""
-        if self.memory is None:
-            return None
-        return torch.zeros((2 if isinstance(self.memory, nn.LSTM) else 1, num_envs, self.memory.hidden_size), device=device)
+        """The memory's state before an episode's first observation (zeros); None without memory."""
+        return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them. Without memory x is (B, ...) observations.
-        With memory x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from `state` with
-        the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when given);
-        features come out (T*B, size)."""
+        """The features the heads see, and the memory's state after them (None without memory; see memory_features)."""
         if self.memory is None:
             return self.encode(x), None
-        one_step = starts is None or starts.dim() == 1
-        x = x.unsqueeze(0) if one_step else x
-        h = self.encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-        state = self.initial_state(x.shape[1], x.device) if state is None else state
-        starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-        # without spans, one call per step: right for any starts
-        h, state = run_memory(self.memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-        return h.flatten(0, 1), state
+        return memory_features(self.memory, self.encode, x, state, starts, spans)
 
     def forward(self, x: torch.Tensor, state=None, starts=None, spans=None):
         """Policy logits, extrinsic value, intrinsic value, and the memory's state after x (None without memory; see
@@ -313,16 +300,11 @@ def normalize_intrinsic(rewards, rewems, valid, rms: "RunningMeanStd", gamma: fl
 
 
 def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout.
-
-    With next-step autoreset the observation after a truncated step is the real final observation, so
-    values[t + 1] is V(final obs): truncation bootstraps from it, termination does not (its value is
-    multiplied by 0). `dones` (termination or truncation) cuts the recursion. The reset step that follows
-    (valid = 0) gets advantage 0 and is masked out of the loss.
-    """
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
+    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
+    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
     num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(num_steps)):
         nextvalues = next_value if t == num_steps - 1 else values[t + 1]
         delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
@@ -755,6 +737,26 @@ def init_obs_stats(envs, obs_rms, frames: torch.Tensor, num_actions: int, args: 
         steps = iterations * num_steps * num_envs * args.world_size
         print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
         writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
+
+
+def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
+    """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size)
+    for a GRU."""
+    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
+
+
+def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
+    """Agent.hidden with memory: x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from
+    `state` with the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when
+    given); returns the features, (T*B, size), and the memory's state after them."""
+    one_step = starts is None or starts.dim() == 1
+    x = x.unsqueeze(0) if one_step else x
+    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+    state = zero_state(memory, x.shape[1], x.device) if state is None else state
+    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+    # without spans, one call per step: right for any starts
+    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+    return h.flatten(0, 1), state
 
 
 def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
@@ -1282,7 +1284,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__)
+            # --help opens with the docstring's first paragraph: what the script is, not the reading guide
+            args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))

@@ -15,12 +15,14 @@ from conftest import (
     ROOT,
     SMOKE_FLAGS,
     SMOKE_TIMEOUT,
+    assert_one_error_line,
     flat_params,
     load_algorithm,
     load_file,
     one_thread,
     only_run,
     run_algorithm,
+    run_bad_input,
     run_in_process,
     scalars,
     stop_run,
@@ -329,6 +331,20 @@ def stop_when(flags, cwd, starts_with: str) -> str:
     out, _ = proc.communicate(timeout=SMOKE_TIMEOUT)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     return out
+
+
+def test_a_resume_whose_phase_frames_are_gone_is_refused_before_anything_is_written(tmp_path):
+    """The checkpoint at the run's end keeps the frames of its unfinished phase beside it; with them gone, the resume is
+    refused in one line, and the run directory is left as it was (no second events file)."""
+    run_algorithm("ppg_procgen", *TINY, CPU, "--total-timesteps", "384", "--checkpoint-every", "384", cwd=tmp_path)
+    run = only_run(tmp_path)
+    for frames in run.glob("phase_*.u8"):
+        frames.unlink()
+    before = sorted(p.name for p in run.iterdir())
+    flags = ["--resume", str(run / "checkpoint.pt"), "--total-timesteps", "512"]
+    proc = run_bad_input("ppg_procgen", flags, tmp_path, "BigfishEasy-v0")
+    assert_one_error_line("ppg_procgen", proc, r"the checkpoint's phase frames .* are missing or cut short")
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 @pytest.mark.parametrize("where, device", [("step 256/", []), ("auxiliary phase 2:", [CPU])])

@@ -147,10 +147,10 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_the_written_out_distributions_are_torch_distributions_to_the_bit(env_id):
-    """get_action_and_value writes out Categorical and Normal (shared by ppo.py and a2c.py): the same sampled actions from
-    the same seed, the same greedy actions, and the same log-probabilities, entropies and gradients as the objects of
-    torch.distributions, to the bit; a change there would change every run."""
+def test_the_policy_head_samples_and_scores_as_the_distribution_its_outputs_define(env_id):
+    """get_action_and_value (shared by ppo.py and a2c.py) against Categorical and Normal built here from the actor's
+    outputs: the same sampled actions from the same seed, the same greedy actions (argmax, mean), and the same
+    log-probabilities, entropies and gradients, to the bit; a change there would change every run."""
     obs_space, action_space = ppo.env_spaces(env_id)
     torch.manual_seed(3)
     agent = ppo.Agent(obs_space, action_space)

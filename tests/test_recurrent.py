@@ -274,7 +274,7 @@ def test_the_recurrent_part_reads_the_same_in_the_three_files():
     assert inspect.getsource(ppo.Agent) == inspect.getsource(a2c.Agent)
     for method in ("initial_state", "hidden"):
         assert inspect.getsource(getattr(ppo.Agent, method)) == inspect.getsource(getattr(rnd_ppo.Agent, method)), method
-    for name in ("recurrent_layer", "run_memory", "memory_spans"):
+    for name in ("recurrent_layer", "zero_state", "memory_features", "run_memory", "memory_spans"):
         assert (
             inspect.getsource(getattr(ppo, name))
             == inspect.getsource(getattr(a2c, name))

@@ -77,3 +77,12 @@ def test_part_one_uses_nothing_from_another_file_of_this_project(name):
     imported += [n.module or "" for n in ast.walk(top) if isinstance(n, ast.ImportFrom)]
     own = {p.stem for p in (ROOT / "algorithms").glob("*.py")} | {"algos", "tblog", "benchmark", "conftest"}
     assert not [m for m in imported if m.split(".")[0] in own]
+
+
+def test_the_readme_gives_each_file_the_lines_a_learner_reads():
+    """The README's table counts part 1 of each file; a change that moves the marker changes the count there too."""
+    readme = (ROOT / "README.md").read_text()
+    for name in PART_ONE:
+        row = next(line for line in readme.splitlines() if line.startswith(f"| [`{name}.py`]"))
+        counted = int(row.split(" | ")[-2].split(" ")[0])
+        assert counted == parts(name)[1], f"README.md says part 1 of {name}.py is {counted} lines; it is {parts(name)[1]}"
