@@ -614,8 +614,8 @@ def start_run(args: Args) -> types.SimpleNamespace:
         if note:
             print(note, flush=True)
     if ckpt is not None and ckpt["phase"][rank] is not None:  # missing frames: refused before the writer appends
-        frame = int(np.prod(obs_space.shape)) * (args.num_envs // args.world_size)
-        check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * frame)
+        rollout = args.num_steps * (args.num_envs // args.world_size) * int(np.prod(obs_space.shape))  # a phase slot
+        check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * rollout)
     global_step = ckpt["global_step"] if ckpt else 0
     writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
     return types.SimpleNamespace(

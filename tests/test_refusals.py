@@ -4,6 +4,7 @@ file whose unpickling would run code (read with PyTorch's safe loader, nothing i
 default value), a network too large for the machine; and what a resumed run accepts: a longer run, the same values."""
 
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -134,6 +135,9 @@ def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_
 
     # a longer run, with the same seed typed again: applied and said; the curve goes on from the checkpoint, no gap
     longer_flags = [*env_id, "--resume", checkpoint, flag, str(longer), "--seed", "1"]
+    # an events file is named by the second it was opened in, then by a count of the process's writers, which sorts as
+    # text ("10" before "9"): in one process and the same second, the resumed run's file would be read first
+    time.sleep(1.01 - time.time() % 1)
     proc = run_in_process(name, lambda m: m.main(m.parse_args(longer_flags)), tmp_path)
     assert proc.returncode == 0, proc.stderr
     old = flags[flags.index(flag) + 1]
