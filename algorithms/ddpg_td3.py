@@ -328,7 +328,7 @@ def main(args: Args) -> None:
     end_run(args, run, envs, actor, critic, global_step, seconds)
 
 
-# The algorithm ends here; a learner may stop. Below: presets, envs, replay buffer, checks, then the shared run plumbing.
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, buffer, checks), then the shared plumbing.
 # --- This file's machinery: presets, envs, the replay buffer, evaluation, storage, checks, start_run and end_run ---
 import contextlib
 import difflib

@@ -304,7 +304,7 @@ def main(args: Args) -> None:
     end_run(args, run, policy, theta, obs_rms, global_step)
 
 
-# The algorithm ends here. Below: machinery (presets, envs, torchrun, checks), then shared plumbing; a learner may stop here.
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # --- This file's machinery: the imports only it uses (the shared block below imports os, sys, signal and more) ---
 import difflib
 import subprocess

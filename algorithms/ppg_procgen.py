@@ -479,7 +479,7 @@ def main(args: Args) -> None:
     end_run(run, agent, envs, global_step, args)
 
 
-# The algorithm ends here. Below: this file's machinery, then the run plumbing all eight files share; a learner may stop here.
+# The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
 # ---------------------------------------------------------------------------------------------------------------
 # This file's machinery: presets, envs, run set-up and end, checks, storage, checkpoints, torchrun, logging
 # ---------------------------------------------------------------------------------------------------------------

@@ -228,7 +228,7 @@ def main(args: Args) -> None:
     end_run(args, run, q, global_step)
 
 
-# The algorithm ends here; a learner may stop. Below: presets, envs, exact evaluation, checks, then the shared run plumbing.
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, optimum, checks), then the shared plumbing.
 # --- This file's machinery: presets, envs, exact evaluation, pictures, storage, checks, start_run and end_run ---
 import difflib
 import time

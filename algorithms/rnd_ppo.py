@@ -537,7 +537,7 @@ def main(args: Args) -> None:
     end_run(args, run, nets, envs, rewems, global_step)
 
 
-# The algorithm ends here. Below: this file's machinery, then the run plumbing all eight files share; a learner may stop here.
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # ---------------------------------------------------------------------------------------------------------------
 # This file's machinery: presets, envs, statistics, memory and torchrun helpers, evaluation, checks, start and end
 # ---------------------------------------------------------------------------------------------------------------
