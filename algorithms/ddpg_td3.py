@@ -258,7 +258,7 @@ def main(args: Args) -> None:
     nets.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
     global_step, critic_updates, train_from = 0, 0, args.learning_starts
     if run.ckpt:  # weights, optimisers, counters, random states, and the replay buffer where --save-buffer kept it
-        global_step, critic_updates, train_from = restore_actor_critic(args, run, nets, explore_rng, rb)
+        global_step, critic_updates, train_from = restore_run(args, run, nets, explore_rng, rb)
 
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, N, args.seed + global_step)
@@ -640,7 +640,7 @@ def start_run(args: Args) -> types.SimpleNamespace:
     )  # fmt: skip
 
 
-def restore_actor_critic(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> tuple[int, int, int]:
+def restore_run(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> tuple[int, int, int]:
     """A resume: the networks and optimisers, the counters, the random states and the replay buffer where the checkpoint
     has it; returns global_step, critic_updates and the step after which updates start again."""
     ckpt = run.ckpt

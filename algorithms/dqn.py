@@ -224,7 +224,7 @@ def main(args: Args) -> None:
     rb = ReplayBuffer(args.buffer_size // N, N, obs_space.shape, obs_dtype, stack, buffer_rng)
     global_step, train_from = 0, args.learning_starts
     if run.ckpt:  # weights, Adam's state, random states, and the replay buffer where --save-buffer kept it
-        global_step, train_from = restore_training(args, run, q_network, target_network, optimizer, explore_rng, rb)
+        global_step, train_from = restore_run(args, run, q_network, target_network, optimizer, explore_rng, rb)
 
     # envs are not restored by a resume, so its envs take a fresh seed
     envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
@@ -706,7 +706,7 @@ def start_run(args: Args) -> types.SimpleNamespace:
     return types.SimpleNamespace(**run, progress=progress, stop=stop_requests())
 
 
-def restore_training(args: Args, run, q_network, target_network, optimizer, explore_rng, rb: ReplayBuffer) -> tuple[int, int]:
+def restore_run(args: Args, run, q_network, target_network, optimizer, explore_rng, rb: ReplayBuffer) -> tuple[int, int]:
     """A resume: both networks, Adam's state, the random states, and the replay buffer where the checkpoint has it;
     returns global_step and the step after which gradient steps start again."""
     ckpt = run.ckpt

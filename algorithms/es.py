@@ -234,7 +234,7 @@ def main(args: Args) -> None:
     # Adam's defaults are the starter code's (beta1 0.9, beta2 0.999, epsilon 1e-8)
     optimizer = torch.optim.Adam([theta], lr=args.learning_rate)
     obs_rms = RunningMeanStd((obs_dim,), device) if args.norm_obs else None
-    global_step, start_generation = restore_generation(run, policy, theta, optimizer, obs_rms)  # (0, 1) unless resumed
+    global_step, start_generation = restore_run(run, policy, theta, optimizer, obs_rms)  # (0, 1) unless resumed
 
     # this process's slice of the population: members first_member .. first_member + members - 1
     members = args.population_size // args.world_size
@@ -665,7 +665,7 @@ def start_run(args: Args) -> types.SimpleNamespace:
     )  # fmt: skip
 
 
-def restore_generation(run: types.SimpleNamespace, policy: Policy, theta, optimizer, obs_rms) -> tuple[int, int]:
+def restore_run(run: types.SimpleNamespace, policy: Policy, theta, optimizer, obs_rms) -> tuple[int, int]:
     """A resumed run's parameters, Adam's moments, statistics and RNG states; returns (global_step, first generation)."""
     ckpt = run.ckpt
     if not ckpt:

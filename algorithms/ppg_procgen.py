@@ -400,7 +400,7 @@ def main(args: Args) -> None:
     if args.world_size > 1:  # torchrun: each process samples its own actions and minibatches
         torch.manual_seed(args.seed + rank)
     learner = (agent, optimizer, aux_optimizer, return_rms, phase)  # what a checkpoint holds
-    global_step, start_iteration, aux_state = restore_ppg(run, *learner, args)
+    global_step, start_iteration, aux_state = restore_run(args, run, *learner)
 
     # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
     envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
@@ -473,10 +473,10 @@ def main(args: Args) -> None:
         if stop_everywhere(stop, args.world_size, device):  # the same answer on every process
             checkpoint_and_stop(run, learner, aux_state, global_step, iteration, envs, args)
         if crossed(global_step, args.batch_size, args.checkpoint_every):
-            write_checkpoint(run, *learner, aux_state, global_step, iteration, args)
+            write_checkpoint(args, run, *learner, aux_state, global_step, iteration)
 
     # --- end: the final model (process 0) saved, reloaded from disk and evaluated ---
-    end_run(run, agent, envs, global_step, args)
+    end_run(args, run, agent, envs, global_step)
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
@@ -680,7 +680,7 @@ def log_aux_phase(writer, aux_values: list, clock: dict, minibatches: int, globa
 def checkpoint_and_stop(run: types.SimpleNamespace, learner: tuple, aux_state, global_step: int, iteration: int, envs, args):
     """A stop request, taken by every process at the same point: the checkpoint written, then the run left with the
     command that resumes it."""
-    write_checkpoint(run, *learner, aux_state, global_step, iteration, args)
+    write_checkpoint(args, run, *learner, aux_state, global_step, iteration)
     envs.close()
     where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
     stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, where)
@@ -695,7 +695,7 @@ def resume_aux_phase(run, steps: dict, learner: tuple, aux_state: dict, global_s
     return aux_state
 
 
-def end_run(run: types.SimpleNamespace, agent: Agent, envs, global_step: int, args: Args) -> None:
+def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, envs, global_step: int) -> None:
     """The run's end: envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then,
     with --save-model, process 0 writes the final model, reloads it from disk into a new agent and evaluates it, as a
     user who loads it evaluates it."""
@@ -954,7 +954,7 @@ def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
             os.remove(os.path.join(run_dir, name))
 
 
-def write_checkpoint(run, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration, args):
+def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration):
     """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped), written
     by process 0. While an auxiliary phase is still to come, every process's frames of the phase so far go beside it
     (save_phase), and at the run's last iteration those a longer run would train on. It holds one entry per process of
@@ -962,7 +962,7 @@ def write_checkpoint(run, agent, optimizer, aux_optimizer, return_rms, phase, au
     run_dir, rank = run.run_dir, run.rank
     filled = (iteration - 1) % phase["obs"].shape[0] + 1
     # the frames an auxiliary phase is still to train on: a phase not yet whole, or one whose auxiliary phase has begun,
-    # or, at the run's last iteration, was skipped (restore_ppg runs it when a longer --total-timesteps extends the run)
+    # or, at the run's last iteration, was skipped (restore_run runs it when a longer --total-timesteps extends the run)
     needed = args.e_aux > 0 and (filled < args.n_pi or aux_state is not None or iteration >= args.num_iterations)
     saved_phase = save_phase(run_dir, iteration, rank, phase, filled) if needed else None
     aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
@@ -981,7 +981,7 @@ def write_checkpoint(run, agent, optimizer, aux_optimizer, return_rms, phase, au
     remove_old_phases(run_dir, rank, saved_phase["file"] if saved_phase else None)
 
 
-def restore_ppg(run, agent, optimizer, aux_optimizer, return_rms, phase, args: Args):
+def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase):
     """--resume: weights, both Adams' moments, the reward statistics, this process's frames of the phase so far, where
     the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
     auxiliary phase's state (0, 1 and None for a new run)."""

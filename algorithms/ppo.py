@@ -328,7 +328,7 @@ def main(args: Args) -> None:
     return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
     if args.world_size > 1:  # torchrun: each process samples its own actions and minibatches
         torch.manual_seed(args.seed + rank)
-    global_step, start_iteration = restore_run(run.ckpt, agent, optimizer, obs_rms, return_rms, rank, args, device, run.dir)
+    global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
 
     # a resumed run's envs take a fresh seed; process r steps envs r*N .. r*N + N-1, with the backend one process would pick
     T, N = args.num_steps, args.num_envs // args.world_size
@@ -385,17 +385,17 @@ def main(args: Args) -> None:
         memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
         stats = ppo_update(update, (obs, actions, logprobs, values, advantages, returns, valid), args, memory)
         # --- logging (process 0, with every process's episodes): one host sync per iteration ---
-        log_iteration(run, args, finished, stats, (values, returns, valid), lr, global_step, iteration)
+        log_iteration(args, run, finished, stats, (values, returns, valid), lr, global_step, iteration)
         # --- evaluation (process 0), checkpoint, stop requests ---
         if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            evaluate_and_log(run, args, agent, obs_rms, global_step)
+            evaluate_and_log(args, run, agent, obs_rms, global_step)
         stopping = stop_everywhere(run.stop, args.world_size, device)  # the same on every process
         if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(run, args, (agent, optimizer, obs_rms, return_rms), global_step, iteration)
+            write_checkpoint(args, run, (agent, optimizer, obs_rms, return_rms), global_step, iteration)
         if stopping:
-            stop_run(run, args, envs, global_step)
+            stop_run(args, run, envs, global_step)
     # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (end_run, below) ---
-    end_run(run, args, envs, agent, obs_rms, global_step)
+    end_run(args, run, envs, agent, obs_rms, global_step)
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
@@ -647,10 +647,10 @@ def sequence_minibatches(rollout: tuple, memory: tuple, group: int):
     )
 
 
-def evaluate_and_log(run: types.SimpleNamespace, args: Args, agent: Agent, obs_rms, global_step: int) -> None:
+def evaluate_and_log(args: Args, run: types.SimpleNamespace, agent: Agent, obs_rms, global_step: int) -> None:
     """An evaluation during training (--eval-every; process 0), the progress line paused while it runs."""
     with run.progress.paused():
-        eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.dir, global_step))
+        eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.run_dir, global_step))
         log_eval(run.writer, eval_returns, global_step)
 
 
@@ -800,9 +800,10 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
     return returns
 
 
-def restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank: int, args: Args, device, run_dir) -> tuple[int, int]:
+def restore_run(args: Args, run: types.SimpleNamespace, agent, optimizer, obs_rms, return_rms) -> tuple[int, int]:
     """--resume: weights, Adam's moments, the statistics and this process's RNG states from the checkpoint. Returns the
     step and the iteration to go on from (0 and 1 for a new run)."""
+    ckpt = run.ckpt
     if ckpt is None:
         return 0, 1
     agent.load_state_dict(ckpt["model"])
@@ -810,9 +811,9 @@ def restore_run(ckpt, agent, optimizer, obs_rms, return_rms, rank: int, args: Ar
     for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
         if rms is not None:
             rms.load_state_dict(ckpt[key])
-    restore_rng(process_rng(ckpt, rank, args.world_size), device)
-    if rank == 0:
-        print(f"resumed {run_dir} at step {ckpt['global_step']:,}")
+    restore_rng(process_rng(ckpt, run.rank, args.world_size), run.device)
+    if run.rank == 0:
+        print(f"resumed {run.run_dir} at step {ckpt['global_step']:,}")
     return ckpt["global_step"], ckpt["iteration"] + 1
 
 
@@ -1074,7 +1075,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-def log_iteration(run: types.SimpleNamespace, args: Args, finished: list, stats, ev_inputs: tuple, lr, global_step, iteration):
+def log_iteration(args: Args, run: types.SimpleNamespace, finished: list, stats, ev_inputs: tuple, lr, global_step, iteration):
     """Process 0's log: every process's finished episodes at the steps they ended (one exchange), the update's mean loss
     terms (`stats`), the explained variance of the values (`ev_inputs`: values, returns, valid), the learning rate and
     the progress line."""
@@ -1093,41 +1094,43 @@ def log_iteration(run: types.SimpleNamespace, args: Args, finished: list, stats,
 
 # A run's start and end, as main calls them
 def start_run(args: Args) -> types.SimpleNamespace:
-    """Everything before the networks: every check before the run directory is made (spaces, flags, storage), then
-    under torchrun one process per share of the envs; the checkpoint read (--resume); and, on process 0 alone, which
-    writes logs, checkpoints and models, the run directory, the writer and the progress line. Ctrl-C / SIGTERM from here
-    on ask for a checkpoint. Returns rank, device, obs_space, action_space, ckpt, dir, writer, progress and stop."""
+    """Everything before the networks: every check before the run directory is made; under torchrun, one process per
+    share of the envs; the device, the storage check, the checkpoint read; then, on process 0 only (the one that writes
+    logs, checkpoints and models), the run directory and the writer; the progress line and the stop requests."""
     obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    if ckpt is not None:  # a checkpoint of another number of processes: refused before anything is written
+        process_rng(ckpt, rank, args.world_size)
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
-    run = types.SimpleNamespace(rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt)
     resumed_at = ckpt["global_step"] if ckpt else None
-    run.dir, run.writer = run_dir, open_writer(run_dir, args, resumed_at) if rank == 0 else None
-    run.progress, run.stop = Progress(args, resumed_at or 0, args.total_timesteps), stop_requests()
-    return run
+    return types.SimpleNamespace(
+        rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt, run_dir=run_dir,
+        writer=open_writer(run_dir, args, resumed_at) if rank == 0 else None,
+        progress=Progress(args, resumed_at or 0, args.total_timesteps), stop=stop_requests(),
+    )  # fmt: skip
 
 
-def stop_run(run: types.SimpleNamespace, args: Args, envs, global_step: int) -> None:
+def stop_run(args: Args, run: types.SimpleNamespace, envs, global_step: int) -> None:
     """A stop request (Ctrl-C, SIGTERM), after its checkpoint: the envs closed, then every process leaves."""
     envs.close()
-    stop_processes_and_exit(run.stop, run.writer, args, run.dir, f"step {global_step:,}")
+    stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"step {global_step:,}")
 
 
-def write_checkpoint(run: types.SimpleNamespace, args: Args, nets: tuple, global_step: int, iteration: int) -> None:
+def write_checkpoint(args: Args, run: types.SimpleNamespace, nets: tuple, global_step: int, iteration: int) -> None:
     """checkpoint.pt, written by process 0: `nets` (agent, optimiser, observation and reward statistics) and every
     process's RNG states, each process to resume its own."""
     agent, optimizer, obs_rms, return_rms = nets
     rngs = gather_objects(rng_state(run.device), args.world_size)
     if run.rank == 0:
         save_checkpoint(
-            os.path.join(run.dir, "checkpoint.pt"), "checkpoint", args, run.dir,
+            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
             model=agent.state_dict(), optimizer=optimizer.state_dict(),
             obs_rms=obs_rms.state_dict() if obs_rms else None,
             return_rms=return_rms.state_dict() if return_rms else None,
@@ -1135,7 +1138,7 @@ def write_checkpoint(run: types.SimpleNamespace, args: Args, nets: tuple, global
         )  # fmt: skip
 
 
-def end_run(run: types.SimpleNamespace, args: Args, envs, agent, obs_rms, global_step: int) -> None:
+def end_run(args: Args, run: types.SimpleNamespace, envs, agent, obs_rms, global_step: int) -> None:
     """The end of a finished run: the envs closed and the process group left together; then process 0 alone saves the
     final model, reloads it from disk and evaluates it with frozen statistics (--save-model), and closes the writer."""
     envs.close()
@@ -1144,8 +1147,8 @@ def end_run(run: types.SimpleNamespace, args: Args, envs, agent, obs_rms, global
         leave(args.world_size)
     if args.save_model:
         obs_space, action_space, device = run.obs_space, run.action_space, run.device
-        save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args, device, run.writer, run.dir, global_step)
-    finish(run.writer, run.dir)
+        save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args, device, run.writer, run.run_dir, global_step)
+    finish(run.writer, run.run_dir)
     leave(args.world_size)
 
 

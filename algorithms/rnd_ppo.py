@@ -432,7 +432,7 @@ def main(args: Args) -> None:
     nets = agent, rnd, optimizer, obs_rms, reward_rms  # what a checkpoint holds, with the filter state and the RNG
     if args.world_size > 1:  # the same initial weights everywhere; each process samples its own actions
         torch.manual_seed(args.seed + rank)
-    rewems, rooms_seen, global_step, start_iteration = restore(run, nets, args)  # a new run: zeros, none, 0, 1
+    rewems, rooms_seen, global_step, start_iteration = restore_run(args, run, nets)  # a new run: zeros, none, 0, 1
 
     # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
     envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.max_episode_steps, args.sticky_action_prob)
@@ -1192,7 +1192,7 @@ def start_run(args: Args) -> types.SimpleNamespace:
     )  # fmt: skip
 
 
-def restore(run: types.SimpleNamespace, nets: tuple, args: Args):
+def restore_run(args: Args, run: types.SimpleNamespace, nets: tuple):
     """--resume: a checkpoint's networks, optimiser, statistics (`nets`) and this process's RNG states put back. Returns
     the intrinsic reward filter's state of this process's envs, the rooms seen, the step and the iteration to go on from
     (zeros, none, 0 and 1 for a new run)."""

@@ -55,8 +55,8 @@ def test_the_algorithm_comes_first_within_its_budget_and_holds_what_a_learner_ne
     budget, needed = PART_ONE[name]
     assert marker <= budget, f"{name}.py: part 1 is {marker} lines, over its budget of {budget}"
     assert marker < shared, f"{name}.py: the marker stands below the shared block"
-    where = {}
-    for node in ast.parse(text).body:
+    tree, where = ast.parse(text), {}
+    for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             assert node.name not in where, f"{name}.py defines {node.name} twice"
             where[node.name] = node
@@ -66,7 +66,7 @@ def test_the_algorithm_comes_first_within_its_budget_and_holds_what_a_learner_ne
     main = where["main"]
     assert main.end_lineno - main.lineno + 1 <= MAIN_LINES, f"{name}.py: main is over {MAIN_LINES} lines"
     # the module docstring opens the file and carries the reading guide, which names the marker
-    assert ast.get_docstring(ast.parse(text)) and "algorithm ends here" in ast.get_docstring(ast.parse(text))
+    assert "algorithm ends here" in (ast.get_docstring(tree) or "")
 
 
 @pytest.mark.parametrize("name", sorted(PART_ONE))

@@ -25,6 +25,7 @@ DIFFERENT = {
     "main": "the algorithm",
     "start_run": "each algorithm's set-up: its checks, spaces, processes and restored state",
     "end_run": "each algorithm's end: its final model, saved, reloaded and evaluated",
+    "restore_run": "what each algorithm's checkpoint puts back (networks, optimisers, statistics, buffers, phases)",
     "Agent": "a shared-trunk or two-MLP actor-critic (ppo.py, a2c.py) against PPG's policy and value IMPALA networks",
     "env_spaces": "ppg_procgen.py takes only envpool's Procgen ids, whose spaces its spec has",
     "check_args": "each algorithm's spaces and flag combinations",
