@@ -83,6 +83,14 @@ class Args:
     """torch.compile the acting step and the minibatch update; pays only on long runs (docs/speed.md)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    track: bool = False
+    """send the run to Weights & Biases (tensorboard scalars synced, arguments, code, videos); WANDB_MODE=offline works"""
+    wandb_project_name: str = "single-file-rl"
+    """the W&B project of the run, with --track"""
+    wandb_entity: str = ""
+    """the W&B team or user of the run, with --track (empty: your default entity)"""
+    wandb_tags: tuple[str, ...] = ()
+    """tags of the W&B run, with --track"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -1066,7 +1074,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
     in its resume line, and every process waits there until process 0 has written the checkpoint."""
     if writer is not None:
-        writer.close()
+        close_writer(writer)
         launcher = f"torchrun --nproc_per_node {args.world_size}" if args.world_size > 1 else "python"
         resume = f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
         print(f"stopped at {where}; resume with: {resume}", flush=True)
@@ -1218,6 +1226,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     check_ranges(args)
     args = resumed_args(args) if args.resume else args
     check_video_writer(args)
+    check_tracking(args)
     return args
 
 
@@ -1301,6 +1310,31 @@ def check_video_writer(args: Args) -> None:
         )
 
 
+def check_tracking(args: Args) -> None:
+    """--track sends the run to Weights & Biases, which is imported only then. What can be known before the run directory
+    is made is checked here: the other W&B flags need --track, wandb must be installed, and process 0 (the one that
+    talks to W&B) must reach its server unless WANDB_MODE keeps the run on disk. A key that W&B refuses is its
+    answer to wandb.init, in start_tracking."""
+    if not args.track:
+        refuse_meaningless(args, [(("wandb_project_name", "wandb_entity", "wandb_tags"), True, "needs --track")])
+        return
+    if importlib.util.find_spec("wandb") is None:
+        fail("--track sends the run to Weights & Biases, and this Python lacks wandb; pip install wandb, or leave out --track")
+    if os.environ.get("RANK", "0") != "0" or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
+        return
+    import socket
+    import urllib.parse
+
+    url = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    try:  # a machine without network would otherwise wait out wandb.init's retries (90 s) before it fails
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=10).close()
+    except OSError as e:
+        fail(
+            f"--track cannot reach Weights & Biases at {url.hostname} ({e.strerror or type(e).__name__}); check the "
+            "network, or set WANDB_MODE=offline to keep the run on disk and upload it later with wandb sync"
+        )
+
+
 # The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
 # that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
 # stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
@@ -1308,7 +1342,7 @@ def check_video_writer(args: Args) -> None:
 RESUMABLE = (
     "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
     "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
-    "cuda",
+    "cuda", "track", "wandb_project_name", "wandb_entity", "wandb_tags",
 )  # fmt: skip
 
 
@@ -1339,6 +1373,7 @@ def resumed_args(args: Args) -> Args:
             print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
     resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
     resumed.typed = args.typed
+    resumed.wandb_id = state.get("wandb_id")  # the W&B run that a tracked run goes on in (not a field, as typed)
     return resumed
 
 
@@ -1466,13 +1501,46 @@ def restore_rng(rng: dict, device: torch.device) -> None:
 
 
 def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
-    """Tensorboard events in run_dir. purge_step: a run resumed after a hard kill drops the events logged after its
-    checkpoint, so that no step of the curve repeats."""
+    """Tensorboard events in run_dir (with --track, synced to W&B). purge_step: a run resumed after a hard kill drops the
+    events logged after its checkpoint, so that no step of the curve repeats."""
+    if args.track:
+        start_tracking(args, run_dir)
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
         table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
+
+
+def start_tracking(args: Args, run_dir: str) -> None:
+    """--track: a Weights & Biases run named as the run directory, with the arguments as its config and the script's code,
+    which mirrors every tensorboard scalar (sync_tensorboard, so it must start before the writer). A resumed run goes on
+    in the W&B run whose id its checkpoint holds. W&B keeps its files in ./wandb, outside runs/, where tensorboard
+    would show its copies of the events as another run."""
+    import wandb
+
+    try:
+        run = wandb.init(
+            project=args.wandb_project_name, entity=args.wandb_entity or None, tags=list(args.wandb_tags) or None,
+            name=os.path.basename(run_dir), id=getattr(args, "wandb_id", None), resume="allow",
+            config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True,
+        )  # fmt: skip
+    except Exception as e:  # W&B's own errors (no login, a refused key) as one line; a new run leaves no directory
+        if not os.listdir(run_dir) and not args.resume:
+            os.removedirs(run_dir)  # and runs/, if this was its only run
+        fail(
+            f"--track: Weights & Biases did not start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); log in "
+            "with wandb login (or set WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk for wandb sync"
+        )
+    args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
+
+
+def close_writer(writer: SummaryWriter) -> None:
+    """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
+    writer.close()
+    wandb = sys.modules.get("wandb")  # imported only with --track
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
 
 
 class Progress:
@@ -1540,6 +1608,7 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
     layout = dict(format=CHECKPOINT_FORMAT, fields=sorted(state))
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **layout)
+    marks["wandb_id"] = getattr(args, "wandb_id", None)  # with --track, the W&B run a resumed run goes on in
     state = {**marks, **state}
     torch.save(state, f"{path}.tmp")
     os.replace(f"{path}.tmp", path)
@@ -1597,7 +1666,7 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
 
 
 def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
-    writer.close()
+    close_writer(writer)
     envs.close()
     resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
     print(f"stopped at {where}; resume with: {resume}", flush=True)
@@ -1615,6 +1684,9 @@ def write_video(path: str | None, frames: list) -> None:
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+        wandb = sys.modules.get("wandb")  # imported only with --track: the video uploaded beside the scalars
+        if wandb is not None and wandb.run is not None:
+            wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
 
 
 def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
@@ -1634,7 +1706,7 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
 
 
 def finish(writer: SummaryWriter, run_dir: str) -> None:
-    writer.close()
+    close_writer(writer)
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 
