@@ -154,3 +154,15 @@ def test_track_without_login_says_how_to_log_in_and_leaves_no_run_directory(tmp_
         proc = run_algorithm("ppo", *TINY, "--track", cwd=tmp_path, env=env, check=False)
     assert_one_error_line("ppo", proc, r"Weights & Biases did not start \(.*\); log in with wandb login.*WANDB_MODE=offline")
     assert not (tmp_path / "runs").exists()
+
+
+def test_under_torchrun_process_0_alone_opens_the_wandb_run_with_every_process_episodes(tmp_path):
+    from test_torchrun import torchrun
+
+    flags = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "64", CPU, "--track"]
+    torchrun(str(ROOT / "algorithms" / "ppo.py"), *flags, cwd=tmp_path, env=offline(tmp_path))
+    (folder,) = offline_runs(tmp_path)  # one W&B run, not one per process
+    _, history = read_offline_run(folder)
+    scalars = read_scalars(str(only_run(tmp_path)))
+    last = {step: np.float32(value) for step, value, _ in scalars["charts/episodic_return"]}
+    assert [(step, np.float32(value)) for step, value in history["charts/episodic_return"]] == list(last.items())
