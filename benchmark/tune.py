@@ -408,7 +408,8 @@ def summarise(study: optuna.Study, tuner: Tuner) -> None:
     for t in trials:
         value = "" if t.value is None else f"{t.value:.4g}"
         duration = format_seconds(t.duration.total_seconds()) if t.duration else ""
-        cells = [str(t.number), t.state.name, value, *(str(t.params.get(n, "")) for n in names), duration]
+        params = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in (t.params.get(n, "") for n in names)]
+        cells = [str(t.number), t.state.name, value, *params, duration]
         rows.append("| " + " | ".join(cells) + " |")
     (study_dir / "trials.md").write_text(f"# Study {study.study_name}\n\n" + "\n".join(rows) + "\n")
     plot_optimization_history(study).figure.savefig(study_dir / "history.png", bbox_inches="tight")

@@ -63,7 +63,7 @@ def test_a_study_runs_its_trials_two_at_a_time_and_scores_each_on_its_runs(tmp_p
     assert f"python algorithms/ppo.py --env-id CartPole-v1 --learning-rate {lr} --total-timesteps 4096" in proc.stdout
     assert f"python algorithms/ppo.py --env-id Acrobot-v1 --learning-rate {lr}" in proc.stdout
     table = (tmp_path / name / "trials.md").read_text()
-    assert f"| {best.number} | COMPLETE | {best.value:.4g} | {lr} |" in table
+    assert f"| {best.number} | COMPLETE | {best.value:.4g} | {lr:.4g} |" in table
     assert (tmp_path / name / "history.png").stat().st_size > 10_000
     assert (tmp_path / name / "importances.png").is_file()
     # a finished study only prints its results again
