@@ -42,8 +42,8 @@ class Args:
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
     """envpool id (CartPole-v1, Pendulum-v1, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
-    preset: Literal["auto", "classic", "mujoco"] = "auto"
-    """defaults for a family: classic (32-32 MLP, 100 generations), mujoco (256-256, 500); auto: mujoco for Box actions"""
+    preset: Literal["auto", "classic", "control", "mujoco"] = "auto"
+    """a family's defaults: classic (32-32, 100 generations), control (Box-action classic control), mujoco (256-256, 500)"""
     seed: int = 1
     """seed of python, numpy, torch, the noise and the envs; on CPU the same seed gives the same run to the bit"""
     torch_deterministic: bool = True
@@ -341,19 +341,27 @@ RANGES = dict(
 )
 MAX_WIDTH = 16384  # a hidden layer's widest: far beyond the 64 to 256 units of Salimans et al.'s policies
 
-# A preset only changes defaults (a flag given wins); mujoco is evolution-strategies-starter's configurations/humanoid.json
+# A preset only changes defaults (a flag given wins). classic keeps Args' own: the noise, step size and weight decay of
+# evolution-strategies-starter's configurations/humanoid.json with a 32-32 policy; mujoco is that configuration whole.
+# control was found by an Optuna study on Pendulum-v1 (benchmark/results/es_pendulum_tuning): a 20x larger step size
+# and 10x larger noise, almost no weight decay, raw observations; with Args' own, Pendulum-v1 does not learn.
 PRESETS = {
     "classic": dict(),
+    "control": dict(num_generations=300, sigma=0.2, learning_rate=0.25, l2_coef=0.00014, norm_obs=False),
     "mujoco": dict(num_generations=500, hidden_sizes=(256, 256)),
 }
+# the classic-control envs with Box actions, which auto gives the control preset
+CONTROL_ENVS = ("Pendulum-v1", "MountainCarContinuous-v0")
 
 
 def preset_defaults(argv: list[str]) -> Args:
-    """The defaults of the preset the command line asks for; auto picks it from the env's action space."""
+    """The defaults of the preset the command line asks for; auto picks it from the env: classic for Discrete actions,
+    control for the classic-control envs with Box actions, mujoco for any other Box actions."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
     if preset == "auto":
         _, action_space = env_spaces(env_id)
-        preset = "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
+        box = isinstance(action_space, gym.spaces.Box)
+        preset = ("control" if env_id in CONTROL_ENVS else "mujoco") if box else "classic"
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
@@ -622,9 +630,10 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"es.py scales tanh to the action bounds, and {args.env_id}'s are not finite; pick an env with bounded actions")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"es.py needs a vector observation, and {args.env_id} has {obs_space}; pick an env with Box(n,) observations")
+    preset_flags = dict.fromkeys(name for preset in PRESETS.values() for name in preset)  # every flag a preset sets
     refuse_meaningless(args, [
-        (("preset",), {"num_generations", "hidden_sizes"} <= getattr(args, "typed", frozenset()),
-         "only sets the defaults of --num-generations and --hidden-sizes, and both are given"),
+        (("preset",), set(preset_flags) <= getattr(args, "typed", frozenset()),
+         f"only sets the defaults of {', '.join('--' + n.replace('_', '-') for n in preset_flags)}, and all are given"),
         (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
     ])  # fmt: skip

@@ -9,14 +9,16 @@
 #   env               generations  preset   reference
 #   CartPole-v1       100          classic  475 = gymnasium's reward_threshold for CartPole-v1 (solved), not an ES
 #                                           result; tests/test_es.py measured the mean policy at 500 by generation 3
-#   Pendulum-v1       100          mujoco*  no published ES figure found; seed 1 here did not learn it (mean policy
-#                                           -1053 after 100 generations; -1120 with sigma 0.1; -1064 after 300
+#   Pendulum-v1       100          classic  no published ES figure found; the classic preset does not learn it (mean
+#                                           policy -1053 after 100 generations; -1120 with sigma 0.1; -1064 after 300
 #                                           generations with sigma 0.05, Adam 0.03)
+#   Pendulum-v1,      300          control  found by the `tune` study below on Pendulum-v1 (seeds 1-2); no published
+#   MountainCarContinuous-v0                ES figure found for either env
 #   HalfCheetah-v4    500          mujoco   Salimans et al. 2017, Table 3: no final returns, only the timesteps ES
 #   Hopper-v4         500          mujoco   needed to reach 25/50/75/100% of TRPO's score at 5M steps (TRPO's
 #                                           figures from Schulman et al. 2015, -v1 envs); nothing to put in
 #                                           references.csv as a return at a step count
-#   (* --preset auto picks mujoco for Box actions; Pendulum runs with the classic 32-32 network instead)
+#   (--preset auto picks control for these two Box-action classic-control envs, mujoco for other Box actions)
 #
 # What to compare: `charts/episodic_return` is one perturbed member's episode (population-size points per
 # generation; report.py averages the last 100), `charts/population_mean_return` the generation's mean fitness,
@@ -24,7 +26,10 @@
 # every --eval-every generations and, with --save-model, the final reloaded model's episodes. The paper reports
 # the mean policy.
 #
-# Usage: bash benchmark/es.sh [classic|mujoco|all|speed]   (OMP_NUM_THREADS=1 per run, set by the runner)
+# Usage: bash benchmark/es.sh [classic|control|mujoco|all|speed|tune]   (OMP_NUM_THREADS=1 per run, set by the runner)
+#   tune: the Optuna study behind the control preset: 40 trials of 2 seeds x 300 generations on Pendulum-v1, the
+#         classic preset's settings first, median pruning after 50 generations; about 25 minutes on a 2-core CPU.
+#         Its table and plots go to benchmark/results/es_pendulum_tuning/.
 # Classic control: about a minute a run on a quiet 2-core CPU. MuJoCo: 500 generations of 256 episodes of up to
 # 1,000 steps is up to 128M env steps a run: hours on a 2-core CPU, wants many cores (torchrun) or a GPU for the
 # 256-256 networks.
@@ -39,6 +44,15 @@ source benchmark/common.sh
 if [[ $family == classic || $family == all ]]; then
   bench es es_cartpole CartPole-v1 -- --save-model
   bench es es_pendulum Pendulum-v1 -- --save-model --preset classic
+fi
+if [[ $family == control || $family == all ]]; then bench es es_control Pendulum-v1 MountainCarContinuous-v0 -- --save-model; fi
+if [[ $family == tune ]]; then
+  python benchmark/tune.py --script es --env-ids Pendulum-v1 --trials 40 --seeds 2 --study-name es_pendulum \
+    --param sigma=log:0.005:0.5 --param learning-rate=log:0.001:0.3 --param l2-coef=log:0.00001:0.05 \
+    --param norm-obs=cat:true,false --enqueue sigma=0.02,learning-rate=0.01,l2-coef=0.005,norm-obs=true \
+    --report-every 512000 --prune-warmup 5 -- --preset classic --num-generations 300 --no-cuda
+  mkdir -p benchmark/results/es_pendulum_tuning
+  cp benchmark/tuning/es_pendulum/{trials.md,history.png,importances.png} benchmark/results/es_pendulum_tuning/
 fi
 if [[ $family == mujoco || $family == all ]]; then bench es es_mujoco HalfCheetah-v4 Hopper-v4 -- --save-model; fi
 

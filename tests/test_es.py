@@ -166,12 +166,17 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
 
 def test_presets_set_real_flags_and_a_given_flag_wins():
     """mujoco is Salimans et al.'s Humanoid configuration (evolution-strategies-starter, configurations/humanoid.json:
-    two hidden layers of 256); classic control keeps the file's own small (32, 32) policy."""
+    two hidden layers of 256); classic control keeps the file's own small (32, 32) policy, and so does control, the
+    settings a study found for Pendulum-v1."""
     for preset in es.PRESETS.values():
         assert set(preset) <= set(es.Args.__annotations__)
     assert es.parse_args(["--env-id", "HalfCheetah-v4"]).hidden_sizes == (256, 256)
     assert es.parse_args(["--env-id", "CartPole-v1"]).hidden_sizes == (32, 32)
     assert es.parse_args(["--env-id", "HalfCheetah-v4", "--hidden-sizes", "64", "64"]).hidden_sizes == (64, 64)
+    # the classic-control envs with Box actions get the control preset, whose settings learn Pendulum-v1
+    pendulum = es.parse_args(["--env-id", "Pendulum-v1"])
+    assert (pendulum.hidden_sizes, pendulum.num_generations, pendulum.learning_rate) == ((32, 32), 300, 0.25)
+    assert es.parse_args(["--env-id", "Pendulum-v1", "--preset", "classic"]).learning_rate == es.Args.learning_rate
 
 
 def final_state(run):

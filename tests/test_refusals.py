@@ -186,8 +186,10 @@ MEANINGLESS = {
     "es": [
         ("--env-id CartPole-v1 --eval-every 0 --eval-episodes 10", r"--eval-episodes sets the evaluations, and this run"),
         (
-            "--env-id CartPole-v1 --preset auto --num-generations 100 --hidden-sizes 32 32",
-            r"--preset only sets the defaults of --num-generations and --hidden-sizes, and both are given",
+            "--env-id CartPole-v1 --preset auto --num-generations 100 --hidden-sizes 32 32 --sigma 0.02 --learning-rate 0.01 "
+            "--l2-coef 0.005 --norm-obs",
+            r"--preset only sets the defaults of --num-generations, --sigma, --learning-rate, --l2-coef, --norm-obs, "
+            r"--hidden-sizes, and all are given",
         ),
     ],
     "ppg_procgen": [
