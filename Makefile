@@ -23,11 +23,13 @@ qt5:
 run: install
 	$(PYTHON) algorithms/ppo.py --env-id CartPole-v1 --save-model
 
+# --dist worksteal: a worker that runs out of tests takes queued ones from the other, so that the long learning checks
+# do not leave one core idle at the end (18.0 against 19.4 minutes on two cores)
 test: install
-	$(PYTHON) -m pytest tests -q -n auto
+	$(PYTHON) -m pytest tests -q -n auto --dist worksteal
 
 test-fast: install
-	$(PYTHON) -m pytest tests -q -n auto -m "not learning"
+	$(PYTHON) -m pytest tests -q -n auto --dist worksteal -m "not learning"
 
 # Mutation testing, outside CI (about 5 minutes on two cores): mutmut changes each pure maths function of the eight
 # files in many small ways (an operator, a constant, a dropped argument) and runs the tests that reach it on each
