@@ -277,8 +277,11 @@ def allocated_networks(held: dict, others=()) -> int:
         elif isinstance(value, torch.optim.Optimizer):
             for p in (p for group in value.param_groups for p in group["params"]):
                 add(p)
-                # a file that sets its gradients to None after each step (rnd_ppo.py) allocates them at every backward
-                add(p.grad if p.grad is not None else torch.empty_like(p))
+                if p.grad is not None:
+                    add(p.grad)
+                else:  # set to None after each step (rnd_ppo.py), allocated again at every backward: p's size, counted
+                    # here (a tensor made for it would be freed at once, and the next one could reuse its address)
+                    total += p.numel() * p.element_size()
             for state in value.state.values():
                 for t in state.values():
                     add(t if t.dim() else None)  # Adam's step count is a scalar per parameter: not storage to plan for
