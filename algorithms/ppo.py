@@ -83,14 +83,6 @@ class Args:
     """torch.compile the acting step and the minibatch update; pays only on long runs (docs/speed.md)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
-    track: bool = False
-    """send the run to Weights & Biases (tensorboard scalars synced, arguments, code, videos); WANDB_MODE=offline works"""
-    wandb_project_name: str = "single-file-rl"
-    """the W&B project of the run, with --track"""
-    wandb_entity: str = ""
-    """the W&B team or user of the run, with --track (empty: your default entity)"""
-    wandb_tags: tuple[str, ...] = ()
-    """tags of the W&B run, with --track"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -1197,6 +1189,26 @@ warnings.filterwarnings("ignore", message=".*precision lowered by casting to flo
 SCRIPT = os.path.basename(__file__)
 
 
+@dataclasses.dataclass
+class Tracking:
+    """The shared block's own flags, which every script's Args gains below (after its own, in --help): Args, above the
+    marker, holds what a learner reads, and experiment tracking is plumbing."""
+
+    track: bool = False
+    """send the run to Weights & Biases: tensorboard scalars, arguments, code, captured videos (WANDB_MODE=offline works)"""
+    wandb_project_name: str = "single-file-rl"
+    """the W&B project of the run, with --track"""
+    wandb_entity: str = ""
+    """the W&B team or user of the run, with --track (empty: your default entity)"""
+    wandb_tags: tuple[str, ...] = ()
+    """tags of the W&B run, with --track"""
+
+
+# Args and Tracking's fields in one dataclass, named Args as the script's (a dataclass takes its bases' fields from the
+# last base to the first: the script's own flags come first)
+Args = dataclasses.dataclass(type("Args", (Tracking, Args), {"__doc__": Args.__doc__}))
+
+
 def fail(message: str):
     """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's. Under
     torchrun every process checks the same input, and the first process of each machine says it (LOCAL_RANK 0)."""
@@ -1249,9 +1261,10 @@ def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]
 
 def one_line_help(cls: type) -> None:
     """Each field's docstring, joined into one line, as its --help text: tyro keeps every line break of an indented
-    docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width."""
+    docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width. The
+    docstrings are read from the classes Args is made of (the script's own, and Tracking)."""
     types = {f.name: f.type for f in dataclasses.fields(cls)}  # as written: a second call wraps nothing twice
-    body = ast.parse(inspect.getsource(cls)).body[0].body
+    body = [node for part in cls.__bases__ for node in ast.parse(inspect.getsource(part)).body[0].body]
     for field, doc in zip(body, body[1:], strict=False):
         if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
             name, text = field.target.id, " ".join(doc.value.value.split())
@@ -1535,11 +1548,16 @@ def start_tracking(args: Args, run_dir: str) -> None:
     args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
 
 
+def tracking_run():
+    """wandb, while a --track run is open (None otherwise): wandb is imported only with --track."""
+    wandb = sys.modules.get("wandb")
+    return wandb if wandb is not None and wandb.run is not None else None
+
+
 def close_writer(writer: SummaryWriter) -> None:
     """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
     writer.close()
-    wandb = sys.modules.get("wandb")  # imported only with --track
-    if wandb is not None and wandb.run is not None:
+    if wandb := tracking_run():
         wandb.finish()
 
 
@@ -1684,8 +1702,7 @@ def write_video(path: str | None, frames: list) -> None:
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         imageio.mimsave(path, frames, fps=30, macro_block_size=1)
-        wandb = sys.modules.get("wandb")  # imported only with --track: the video uploaded beside the scalars
-        if wandb is not None and wandb.run is not None:
+        if wandb := tracking_run():  # the video uploaded beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
 
 

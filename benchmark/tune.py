@@ -73,10 +73,11 @@ class Parser(argparse.ArgumentParser):
 
 def script_fields(script: str) -> dict[str, str]:
     """The flags of algorithms/<script>.py as {field name: annotation}, read from its Args class with ast: importing
-    the script would import torch and envpool for each check. Fields tyro suppresses are computed, not flags."""
+    the script would import torch and envpool for each check. Args gains the shared block's Tracking flags (--track). Fields
+    tyro suppresses are computed, not flags."""
     tree = ast.parse((ROOT / "algorithms" / f"{script}.py").read_text())
-    args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
-    fields = {n.target.id: ast.unparse(n.annotation) for n in args.body if isinstance(n, ast.AnnAssign)}
+    parts = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in ("Args", "Tracking")]
+    fields = {n.target.id: ast.unparse(n.annotation) for part in parts for n in part.body if isinstance(n, ast.AnnAssign)}
     return {name: kind for name, kind in fields.items() if "Suppress" not in kind}
 
 

@@ -1,5 +1,7 @@
 """a2c.py: n-step returns, the loss (and its equality with PPO's at ratio 1), RMSprop, runs end to end, learning."""
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -231,7 +233,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     entropy bonus (5 steps and lambda 1 from SB3); Atari 16 envs, ent_coef 0.01, vf_coef 0.25 and RMSpropTFLike;
     MuJoCo `normalize: true`."""
     for preset in a2c.PRESETS.values():
-        assert set(preset) <= set(a2c.Args.__annotations__)
+        assert set(preset) <= {f.name for f in dataclasses.fields(a2c.Args)}
     cartpole = a2c.parse_args(["--env-id", "CartPole-v1"])
     assert (cartpole.num_envs, cartpole.num_steps, cartpole.gae_lambda, cartpole.ent_coef) == (8, 5, 1.0, 0.0)
     breakout = a2c.parse_args(["--env-id", "Breakout-v5"])  # auto: image observations

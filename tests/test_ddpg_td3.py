@@ -1,6 +1,7 @@
 """ddpg_td3.py: targets, delayed and Polyak updates, the replay buffer against envpool, end-to-end runs, resume,
 learning."""
 
+import dataclasses
 import os
 import signal
 
@@ -215,7 +216,7 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path):
 
 def test_algo_and_family_presets_set_real_flags_and_a_given_flag_wins():
     for preset in [*td3.ALGOS.values(), *td3.PRESETS.values()]:
-        assert set(preset) <= set(td3.Args.__annotations__)
+        assert set(preset) <= {f.name for f in dataclasses.fields(td3.Args)}
     a = td3.parse_args(["--env-id", "Hopper-v4"])
     assert (a.algo, a.twin_critics, a.policy_frequency, a.target_policy_smoothing) == ("td3", True, 2, True)
     assert (a.total_timesteps, a.learning_starts, a.buffer_size) == (1_000_000, 25_000, 1_000_000)

@@ -1,5 +1,6 @@
 """dqn.py: TD targets, the frame-sharing replay buffer against envpool, end-to-end runs, resume, learning."""
 
+import dataclasses
 import functools
 import signal
 
@@ -252,7 +253,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     """The figures are CleanRL's: dqn_atari.py's buffer of 1M, learning from step 80k, every 4 steps, batches of 32
     at lr 1e-4; dqn.py's buffer of 10k on classic control."""
     for preset in dqn.PRESETS.values():
-        assert set(preset) <= set(dqn.Args.__annotations__)
+        assert set(preset) <= {f.name for f in dataclasses.fields(dqn.Args)}
     atari = dqn.parse_args(["--env-id", "Breakout-v5"])
     assert (atari.buffer_size, atari.learning_starts, atari.train_frequency, atari.batch_size) == (1_000_000, 80_000, 4, 32)
     assert dqn.parse_args(["--env-id", "CartPole-v1"]).buffer_size == 10_000

@@ -1,6 +1,7 @@
 """es.py: the ES maths against hand computations and a known function, the batched population, one process against
 two under torchrun, end-to-end runs, resume, bad input, learning."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -169,7 +170,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     two hidden layers of 256); classic control keeps the file's own small (32, 32) policy, and so does control, the
     settings a study found for Pendulum-v1."""
     for preset in es.PRESETS.values():
-        assert set(preset) <= set(es.Args.__annotations__)
+        assert set(preset) <= {f.name for f in dataclasses.fields(es.Args)}
     assert es.parse_args(["--env-id", "HalfCheetah-v4"]).hidden_sizes == (256, 256)
     assert es.parse_args(["--env-id", "CartPole-v1"]).hidden_sizes == (32, 32)
     assert es.parse_args(["--env-id", "HalfCheetah-v4", "--hidden-sizes", "64", "64"]).hidden_sizes == (64, 64)

@@ -1,5 +1,7 @@
 """ppo.py's maths against plain reference code: GAE, episode statistics, running statistics, schedule, loss."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -138,7 +140,7 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     """The figures are CleanRL's: ppo_atari_envpool.py clips at 0.1, ppo_continuous_action.py normalises observations
     and collects 2048 steps, ppo.py collects 128 steps per env on classic control."""
     for preset in ppo.PRESETS.values():
-        assert set(preset) <= set(ppo.Args.__annotations__)
+        assert set(preset) <= {f.name for f in dataclasses.fields(ppo.Args)}
     assert ppo.parse_args(["--env-id", "Breakout-v5"]).clip_coef == 0.1  # auto: image observations
     assert ppo.parse_args(["--env-id", "Pendulum-v1"]).norm_obs  # auto: Box actions
     assert ppo.parse_args(["--env-id", "CartPole-v1"]).num_steps == 128

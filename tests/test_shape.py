@@ -15,17 +15,16 @@ SHARED = "# Run plumbing"
 MAIN_LINES = 120  # at most, in every file
 
 # Lines a learner reads: from the top of the file to the line before the marker; beside each, what part 1 must hold
-# besides Args, main and the file's maths (the networks and the update step). Each budget counts the 8 lines of the
-# W&B flags in Args (--track and its three), which CleanRL's files carry too.
+# besides Args, main and the file's maths (the networks and the update step)
 PART_ONE = {
-    "ppo": (408, ["Agent", "training_steps", "ppo_update"]),
-    "a2c": (388, ["Agent", "training_steps"]),
-    "dqn": (308, ["QNetwork", "training_steps"]),
-    "ddpg_td3": (338, ["Actor", "Critics", "critic_update", "actor_update"]),
-    "es": (338, ["Policy", "rollout"]),
-    "qlearning": (288, []),
-    "ppg_procgen": (528, ["ImpalaCNN", "Agent", "policy_update", "aux_update"]),
-    "rnd_ppo": (568, ["Agent", "RNDModel", "rnd_ppo_update"]),
+    "ppo": (400, ["Agent", "training_steps", "ppo_update"]),
+    "a2c": (380, ["Agent", "training_steps"]),
+    "dqn": (300, ["QNetwork", "training_steps"]),
+    "ddpg_td3": (330, ["Actor", "Critics", "critic_update", "actor_update"]),
+    "es": (330, ["Policy", "rollout"]),
+    "qlearning": (280, []),
+    "ppg_procgen": (520, ["ImpalaCNN", "Agent", "policy_update", "aux_update"]),
+    "rnd_ppo": (560, ["Agent", "RNDModel", "rnd_ppo_update"]),
 }
 
 
