@@ -77,6 +77,8 @@ class Args:
     """torch.compile the acting step and the update (off: the eager code is the one to read; docs/speed.md)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    bf16: bool = False
+    """frames: the convolutional trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -121,9 +123,9 @@ def mlp(n_in: int, n_out: int, std: float) -> nn.Sequential:
 class Agent(nn.Module):
     """Actor-critic: a Nature CNN trunk (frames) or two 64-64 tanh MLPs (vectors); --rnn: a recurrent layer before them."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128, bf16=False):
         super().__init__()
-        obs_shape = obs_space.shape
+        obs_shape, self.dtype = obs_space.shape, torch.bfloat16 if bf16 else torch.float32  # dtype: the trunk's input
         self.continuous, self.frames = isinstance(action_space, gym.spaces.Box), len(obs_shape) == 3  # frames: (C, H, W)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         n_features = 512 if self.frames else int(np.prod(obs_shape))
@@ -141,6 +143,7 @@ class Agent(nn.Module):
             with torch.no_grad():
                 n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
             self.encoder.extend([layer_init(nn.Linear(n_flat, 512)), nn.ReLU()])
+            self.encoder.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels take (H, W, C) layouts
             self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
             self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
         else:
@@ -152,8 +155,9 @@ class Agent(nn.Module):
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here, scaled in place in that new tensor; vectors are not
-        return self.encoder(x.float().mul_(1.0 / 255.0)) if self.frames else self.encoder(x)
+        # frames stay uint8 in storage and become float (--bf16: bfloat16, the trunk autocast) only here; features float32
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            return self.encoder(x.to(self.dtype).mul_(1.0 / 255.0)).float() if self.frames else self.encoder(x)
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory's state before an episode's first observation (zeros); None without memory."""
@@ -273,9 +277,8 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
         memory, obs are the envs' sequences (T, N, ...) replayed from `state`, and the other tensors their T*N steps."""
         optimizer.zero_grad(set_to_none=True)
         _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
-        loss, step_stats = a2c_loss(
-            newlogprob, entropy, newvalue, advantages, returns, valid, args.ent_coef, args.vf_coef, args.norm_adv
-        )
+        loss, step_stats = a2c_loss(newlogprob, entropy, newvalue, advantages, returns, valid,
+                                    args.ent_coef, args.vf_coef, args.norm_adv)  # fmt: skip
         loss.backward()
         if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
             average_gradients(agent.parameters(), args.world_size)
@@ -292,7 +295,7 @@ def main(args: Args) -> None:
     # --- set-up: checks, processes, device, checkpoint, run directory, writer (start_run, below the marker) ---
     run = start_run(args)
     rank, device, obs_space, action_space = run.rank, run.device, run.obs_space, run.action_space
-    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)  # the same weights in every process
+    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size, args.bf16).to(device)  # the same in every process
     optimizer = make_optimizer(agent.parameters(), args)
     act, update = training_steps(agent, optimizer, args)
     obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
@@ -306,9 +309,8 @@ def main(args: Args) -> None:
     seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
     envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend)
 
-    # rollout storage, preallocated on the device; frames stay uint8
-    obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
-    obs = torch.zeros((T, N) + obs_space.shape, dtype=obs_dtype, device=device)
+    # rollout storage, preallocated on the device; frames stay uint8, laid out as the trunk reads them (rollout_obs)
+    obs = rollout_obs((T, N), obs_space, device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
     values = torch.zeros((T, N), device=device)
     rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
@@ -689,12 +691,44 @@ class RMSpropTF(torch.optim.Optimizer):
 
 
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
-    """One copy per step: frames stay uint8 (the network scales them); vectors become float32, normalised on the host
-    with running statistics when --norm-obs is on."""
+    """One copy per step: frames stay uint8 (the network scales them), laid out channels-last as rollout_obs stores them;
+    vectors become float32, normalised on the host with running statistics when --norm-obs is on."""
     if obs_rms is not None:
         obs = obs.astype(np.float32)  # the statistics see what the network sees
         obs_rms.update(obs)
-    return torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
+    x = torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+def bf16_note(device: torch.device) -> str:
+    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
+    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
+    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return ""
+        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+    return (
+        ""
+        if native
+        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
+    )
+
+
+def rollout_obs(rows: tuple, obs_space: gym.Space, device: torch.device) -> torch.Tensor:
+    """main's observation storage, `rows` + the observation's shape, on the device. Vectors are float32; (C, H, W) frames
+    uint8, stored channels-last ((H, W, C) in memory, seen as (C, H, W)): the layout the trunk's kernels want, so that
+    neither a step's frames (to_obs_tensor) nor a minibatch gathered from the rollout needs converting."""
+    if len(obs_space.shape) != 3:
+        return torch.zeros(rows + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32,
+                           device=device)  # fmt: skip
+    c, h, w = obs_space.shape
+    return torch.zeros(rows + (h, w, c), dtype=torch.uint8, device=device).movedim(-1, -3)
 
 
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
@@ -748,7 +782,7 @@ def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args
         model_path, "model", args, run_dir, model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None
     )
     state = load_checkpoint(model_path, args.env_id, kind="model")
-    eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size).to(device)
+    eval_agent = Agent(obs_space, action_space, args.rnn, args.rnn_size, args.bf16).to(device)
     eval_agent.load_state_dict(state["model"])
     eval_rms = None
     if state["obs_rms"] is not None:
@@ -801,6 +835,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
         (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
          "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+        (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.norm_obs and obs_space.dtype == np.uint8:  # a checkpoint's, or a preset's
         fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
@@ -992,8 +1027,9 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
-        if note:
-            print(note, flush=True)
+        for line in (note, args.bf16 and bf16_note(device)):
+            if line:
+                print(line, flush=True)
     resumed_at = ckpt["global_step"] if ckpt else None
     return types.SimpleNamespace(
         rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt, run_dir=run_dir,

@@ -74,6 +74,8 @@ class Args:
     """torch.compile the greedy acting step and the TD update: slower on a CPU, faster on a GPU (docs/dqn.md)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    bf16: bool = False
+    """frames: the convolutional trunk in bfloat16 autocast; weights, Q-values and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -102,9 +104,9 @@ class QNetwork(nn.Module):
     """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP (CleanRL
     dqn.py) for vector observations."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, bf16: bool = False):
         super().__init__()
-        obs_shape, n_actions = obs_space.shape, int(action_space.n)
+        obs_shape, n_actions, self.dtype = obs_space.shape, int(action_space.n), torch.bfloat16 if bf16 else torch.float32
         if len(obs_shape) == 3:
             encoder = nn.Sequential(
                 nn.Conv2d(obs_shape[0], 32, 8, stride=4),
@@ -118,6 +120,7 @@ class QNetwork(nn.Module):
             with torch.no_grad():
                 n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
             self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, n_actions))
+            self.network.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels take (H, W, C) layouts
             self.scale = 1.0 / 255.0
         else:
             # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
@@ -126,8 +129,12 @@ class QNetwork(nn.Module):
             self.scale = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()  # frames stay uint8 in the buffer and become float only here
-        return self.network(x * self.scale if self.scale != 1.0 else x)
+        if self.scale == 1.0:
+            return self.network(x.float())
+        # frames stay uint8 in the buffer and become float (--bf16: bfloat16, the trunk autocast) only here, channels-last
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            h = self.network[:-1](x.contiguous(memory_format=torch.channels_last).to(self.dtype).mul_(self.scale))
+        return self.network[-1](h.float())  # the Q-values in float32
 
 
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
@@ -210,11 +217,10 @@ def main(args: Args) -> None:
     run = start_run(args)
     obs_space, action_space, device, writer, progress = run.obs_space, run.action_space, run.device, run.writer, run.progress
     N, n_actions = args.num_envs, int(action_space.n)
-    q_network = QNetwork(obs_space, action_space).to(device)
-    target_network = QNetwork(obs_space, action_space).to(device)
+    q_network = QNetwork(obs_space, action_space, args.bf16).to(device)
+    target_network = QNetwork(obs_space, action_space, args.bf16).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters, a third faster than the per-tensor loop on small networks; torch.compile
-    # cannot trace the fused kernel (it would run eagerly between two graphs), so compiled, inductor fuses the foreach one
+    # fused: one kernel for all parameters (a third faster on small networks); compiled: the foreach one, which inductor fuses
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=not args.compile)
     act, update = training_steps(q_network, target_network, optimizer, args)
     explore_rng, buffer_rng = exploration_and_replay_rngs(args.seed)  # epsilon-greedy draws; replay samples
@@ -233,8 +239,7 @@ def main(args: Args) -> None:
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    # per-update [loss, mean Q], summed on the device and averaged when logged; summed at once, since a CUDA graph's
-    # outputs (--cudagraphs) are overwritten by its next replay
+    # per-update [loss, mean Q], summed on the device at once (--cudagraphs overwrites a graph's outputs), averaged when logged
     stats, num_updates = torch.zeros(2, device=device), 0
     env_seconds, update_seconds = 0.0, 0.0
     duration = args.exploration_fraction * args.total_timesteps  # env steps over which epsilon decays
@@ -253,10 +258,8 @@ def main(args: Args) -> None:
         rb.add(actions, reward, term, next_valid, next_obs_np, next_first)
         obs_np = next_obs_np
         episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-            ep_return, ep_length, score, next_valid, episode_end
-        )
-        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        ep_return, ep_length, *finished = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
+        progress.log_episodes(writer, *finished, global_step)
         next_valid, next_first = ~(term | trunc), episode_end
 
         # --- learn: one TD update (targets, loss, Adam step) per train_frequency env steps, then the target network ---
@@ -479,6 +482,26 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
 
 
 # --- the replay buffer ---
+def bf16_note(device: torch.device) -> str:
+    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
+    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
+    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return ""
+        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+    return (
+        ""
+        if native
+        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
+    )
+
+
 class ReplayBuffer:
     """Preallocated replay memory holding each observation once, in time order per env (docs/dqn.md, detail 11).
 
@@ -663,6 +686,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
         (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
          "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+        (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
@@ -700,6 +724,8 @@ def start_run(args: Args) -> types.SimpleNamespace:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
+    if args.bf16 and bf16_note(device):
+        print(bf16_note(device), flush=True)
     writer = open_writer(run_dir, args, ckpt["global_step"] if ckpt else None)
     progress = Progress(args, ckpt["global_step"] if ckpt else 0, args.total_timesteps)
     run = dict(obs_space=obs_space, action_space=action_space, device=device, ckpt=ckpt, run_dir=run_dir, writer=writer)
@@ -752,7 +778,7 @@ def end_run(args: Args, run, envs, q_network, global_step: int, env_seconds: flo
         model_path = os.path.join(run.run_dir, "dqn.model")
         save_checkpoint(model_path, "model", args, run.run_dir, model=q_network.state_dict())
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_network = QNetwork(run.obs_space, run.action_space).to(run.device)
+        eval_network = QNetwork(run.obs_space, run.action_space, args.bf16).to(run.device)
         eval_network.load_state_dict(state["model"])
         returns = evaluate(eval_network, args, run.device, video_path(args, run.run_dir))
         log_final_eval(run.writer, returns, global_step, model_path)

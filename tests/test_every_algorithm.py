@@ -72,6 +72,7 @@ BAD_INPUT = {
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
         (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
+        (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
     ],
     "a2c": [
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
@@ -88,8 +89,10 @@ BAD_INPUT = {
         (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
         # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
         (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
+        (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
     ],
     "dqn": [
+        (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
         (["--env-id", "Pendulum-v1"], r"needs Discrete actions, and Pendulum-v1 has Box.*; use ddpg_td3.py"),
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*did you mean CartPole-v1"),
         (["--learning-starts", "10"], r"--learning-starts 10 is less than --batch-size 128"),
