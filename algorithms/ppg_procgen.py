@@ -86,6 +86,8 @@ class Args:
     """torch.compile the acting step, both phases' minibatch chunks and optimiser steps (off: the eager code is to read)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    bf16: bool = False
+    """the IMPALA trunks in bfloat16 autocast, both phases; weights, heads and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 (its 64x64 observations) to runs/<run>/videos"""
     save_model: bool = False
@@ -159,8 +161,9 @@ class Agent(nn.Module):
     """Policy network (IMPALA CNN, policy and auxiliary value heads) and value head, on a CNN of its own ('dual', the
     paper's PPG) or on the policy's features with the gradient stopped ('detach', CleanRL's ppg_procgen.py)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, arch: str = "dual"):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, arch: str = "dual", bf16: bool = False):
         super().__init__()
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunks' input; --bf16: they run in bfloat16 autocast
         self.policy_net = ImpalaCNN(obs_space.shape)
         self.value_net = ImpalaCNN(obs_space.shape) if arch == "dual" else None
         self.actor = normed_init(nn.Linear(256, int(action_space.n)), 0.1)
@@ -169,26 +172,30 @@ class Agent(nn.Module):
         # channels-last convolutions run about twice as fast on a CPU (oneDNN) and suit tensor cores on a GPU
         self.to(memory_format=torch.channels_last)
 
-    @staticmethod
-    def frames(x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here
-        return (x.float() / 255.0).contiguous(memory_format=torch.channels_last)
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float (--bf16: bfloat16) only here, laid out channels-last as uint8
+        return x.contiguous(memory_format=torch.channels_last).to(self.dtype) / 255.0
+
+    def features(self, cnn: ImpalaCNN, x: torch.Tensor) -> torch.Tensor:
+        # --bf16: the trunk in bfloat16 autocast (weights stay float32); its features leave it float32, for the heads
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            return cnn(x).float()
 
     def value_features(self, x: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
         if self.value_net is not None:
-            return self.value_net(x)
+            return self.features(self.value_net, x)
         # 'detach': the value loss trains the value head only, never the policy's features
-        return (self.policy_net(x) if policy_features is None else policy_features).detach()
+        return (self.features(self.policy_net, x) if policy_features is None else policy_features).detach()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy logits, auxiliary value and value, with one pass through each CNN."""
         x = self.frames(x)
-        h = self.policy_net(x)
+        h = self.features(self.policy_net, x)
         return self.actor(h), self.aux_critic(h).squeeze(-1), self.critic(self.value_features(x, h)).squeeze(-1)
 
     def policy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy logits and the auxiliary value, both from the policy network."""
-        h = self.policy_net(self.frames(x))
+        h = self.features(self.policy_net, self.frames(x))
         return self.actor(h), self.aux_critic(h).squeeze(-1)
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
@@ -384,7 +391,7 @@ def main(args: Args) -> None:
     # --- set-up: checks, processes, device, run directory, writer (start_run); then the networks, optimisers, buffers ---
     run = start_run(args)
     device, rank, writer, stop = run.device, run.rank, run.writer, run.stop
-    agent = Agent(run.obs_space, run.action_space, args.arch).to(device)  # the same weights in every process
+    agent = Agent(run.obs_space, run.action_space, args.arch, args.bf16).to(device)  # the same weights in every process
     # an Adam per phase over both networks, default eps, as the reference; compiled: tensor rates, annealed without recompiling
     rates = (args.learning_rate, args.aux_learning_rate)
     lr0, aux_lr0 = (torch.tensor(lr, device=device) if args.compile else lr for lr in rates)
@@ -593,6 +600,26 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     return ep_return, ep_length, finished_returns, finished_lengths
 
 
+def bf16_note(device: torch.device) -> str:
+    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
+    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
+    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return ""
+        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+    return (
+        ""
+        if native
+        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
+    )
+
+
 def start_run(args: Args) -> types.SimpleNamespace:
     """The run's set-up before the networks: the env id and spaces, every check, the processes and device, the storage
     check and the checkpoint read, all before the run directory is made; then the run directory, the writer (process 0),
@@ -611,8 +638,9 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
-        if note:
-            print(note, flush=True)
+        for line in (note, args.bf16 and bf16_note(device)):
+            if line:
+                print(line, flush=True)
     if ckpt is not None and ckpt["phase"][rank] is not None:  # missing frames: refused before the writer appends
         rollout = args.num_steps * (args.num_envs // args.world_size) * int(np.prod(obs_space.shape))  # a phase slot
         check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * rollout)
@@ -707,7 +735,7 @@ def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, envs, global_s
     if args.save_model:
         model_path = os.path.join(run.run_dir, "ppg_procgen.model")
         save_checkpoint(model_path, "model", args, run.run_dir, model=agent.state_dict())
-        eval_agent = Agent(run.obs_space, run.action_space, args.arch).to(run.device)
+        eval_agent = Agent(run.obs_space, run.action_space, args.arch, args.bf16).to(run.device)
         eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
         returns = evaluate(eval_agent, args, run.device, video_path(args, run.run_dir))
         log_final_eval(run.writer, returns, global_step, model_path)

@@ -93,6 +93,8 @@ class Args:
     """torch.compile the acting step, the minibatch chunks and the optimiser step (off: the eager code is the one to read)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    bf16: bool = False
+    """the agent's trunk and RND's networks in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
     save_model: bool = False
@@ -137,8 +139,9 @@ class Agent(nn.Module):
     heads. Orthogonal init as the reference's: sqrt(2) in the trunk, 0.1 in the residual layers, 0.01 on the heads. A
     recurrent layer (--rnn) sits between the trunk and the residual layers (docs/rnd_ppo.md, Memory)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128, bf16=False):
         super().__init__()
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunk's input; --bf16: it runs in bfloat16 autocast
         self.trunk = nn.Sequential(
             layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)),
             nn.ReLU(),
@@ -162,8 +165,9 @@ class Agent(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float only here
-        return self.trunk((x.float() / 255.0).contiguous(memory_format=torch.channels_last))
+        # frames stay uint8 in storage and become float (--bf16: bfloat16, the trunk autocast) only here; features float32
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            return self.trunk(x.contiguous(memory_format=torch.channels_last).to(self.dtype) / 255.0).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory's state before an episode's first observation (zeros); None without memory."""
@@ -213,8 +217,9 @@ def rnd_network(predictor: bool) -> nn.Sequential:
 class RNDModel(nn.Module):
     """A fixed random target network and the predictor trained to match it; the prediction error is the novelty."""
 
-    def __init__(self):
+    def __init__(self, bf16: bool = False):
         super().__init__()
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # --bf16: both networks run in bfloat16 autocast
         self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
         self.target.requires_grad_(False)
         self.to(memory_format=torch.channels_last)  # as the Agent's
@@ -222,7 +227,9 @@ class RNDModel(nn.Module):
     def error(self, x: torch.Tensor) -> torch.Tensor:
         """Squared prediction error per observation, averaged over the 512 features (the reference's int_rew)."""
         x = x.contiguous(memory_format=torch.channels_last)
-        return ((self.predictor(x) - self.target(x)) ** 2).mean(-1)
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            predicted, target = self.predictor(x).float(), self.target(x).float()  # the error in float32
+        return ((predicted - target) ** 2).mean(-1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -422,7 +429,8 @@ def main(args: Args) -> None:
     run = start_run(args)  # under torchrun, one process per share of the envs; only process 0 writes
     rank, device, writer = run.rank, run.device, run.writer
     T, N = args.num_steps, args.num_envs // args.world_size  # this process's envs
-    agent, rnd = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size).to(device), RNDModel().to(device)
+    agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(device)
+    rnd = RNDModel(args.bf16).to(device)
     params = list(agent.parameters()) + list(rnd.predictor.parameters())
     # one fused Adam for all (the eps of the reference's TF Adam); compiled: foreach, and a tensor rate that anneals in place
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
@@ -1169,6 +1177,26 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
+def bf16_note(device: torch.device) -> str:
+    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
+    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
+    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return ""
+        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+    return (
+        ""
+        if native
+        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
+    )
+
+
 def start_run(args: Args) -> types.SimpleNamespace:
     """A run's set-up before its networks: every check before the run directory is made (the env's spaces, the flags,
     the storage, the checkpoint and the processes that wrote it), this process under torchrun, then, for process 0
@@ -1183,8 +1211,9 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
-        if note:
-            print(note, flush=True)
+        for line in (note, args.bf16 and bf16_note(device)):
+            if line:
+                print(line, flush=True)
     writer = open_writer(run_dir, args, ckpt["global_step"] if ckpt else None) if rank == 0 else None
     return types.SimpleNamespace(
         obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, rng=rng, run_dir=run_dir,
@@ -1220,7 +1249,7 @@ def end_run(args: Args, run: types.SimpleNamespace, nets: tuple, envs, rewems: t
         agent, rnd, _, obs_rms, reward_rms = nets
         model_path = os.path.join(run.run_dir, "rnd_ppo.model")
         save_checkpoint(model_path, "model", args, run.run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
-        eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size).to(run.device)
+        eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
         eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
         returns = evaluate(eval_agent, args, run.device, video_path(args, run.run_dir))
         log_final_eval(run.writer, returns, global_step, model_path)

@@ -38,19 +38,35 @@ def q_network(m, bf16: bool):
     return network, network
 
 
+def ppg_agent(m, bf16: bool):
+    agent = m.Agent(PROCGEN, gym.spaces.Discrete(15), "dual", bf16)
+    return agent, lambda x: torch.cat([agent(x)[0], agent(x)[1][:, None], agent(x)[2][:, None]], 1)
+
+
+def rnd_networks(m, bf16: bool):
+    """The agent's logits and values, then RND's error on the newest frame (whitened as rnd_ppo.py feeds it)."""
+    agent, rnd = m.Agent(FRAMES, gym.spaces.Discrete(18), bf16=bf16), m.RNDModel(bf16)
+    both = torch.nn.ModuleList([agent, rnd])
+    heads = lambda x: torch.cat([agent(x)[0], torch.stack(agent(x)[1:3], 1)], 1)  # noqa: E731
+    whitened = lambda x: ((x[:, -1:].float() - 128.0) / 64.0).clamp(-5, 5)  # noqa: E731
+    return both, lambda x: torch.cat([heads(x), rnd.error(whitened(x))[:, None]], 1)
+
+
 # each file's network with or without --bf16, and a function from a uint8 batch to the network's float outputs
 NETWORKS = {
     "ppo": (FRAMES, lambda m, bf16: actor_critic(m, bf16)),
     "a2c": (FRAMES, lambda m, bf16: actor_critic(m, bf16)),
     "dqn": (FRAMES, q_network),
+    "ppg_procgen": (PROCGEN, ppg_agent),
+    "rnd_ppo": (FRAMES, rnd_networks),
 }
 
 
 @pytest.mark.parametrize("name", sorted(NETWORKS))
 def test_bf16_outputs_and_gradients_are_float32_and_near_float32s(name):
-    """Measured on three seeds of weights and a batch of 64 random frames: the largest difference of an output was
-    0.3-1.3% of the largest output (8 bits of mantissa through four layers), the gradients' cosine similarity above
-    0.9999. Bounds: 4% and 0.999."""
+    """Measured on three seeds of weights and a batch of 64 random frames per file: the largest difference of an output
+    was 0.14-1.2% of the largest output (8 bits of mantissa through the trunk), the cosine similarity of the gradients
+    0.99906-0.99999. Bounds: 4% and 0.995."""
     m = load_algorithm(name)
     obs_space, build = NETWORKS[name]
     torch.manual_seed(0)
@@ -61,10 +77,11 @@ def test_bf16_outputs_and_gradients_are_float32_and_near_float32s(name):
     assert out.dtype == torch.float32 and all(p.dtype == torch.float32 for p in half.parameters())
     difference = (out - reference).abs().max().item()
     assert 0 < difference <= 0.04 * reference.abs().max().item(), difference
-    grads = [torch.autograd.grad(y.pow(2).mean(), list(net.parameters())) for y, net in ((reference, full), (out, half))]
+    trained = [[p for p in net.parameters() if p.requires_grad] for net in (full, half)]  # not RND's fixed target
+    grads = [torch.autograd.grad(y.pow(2).mean(), params) for y, params in zip((reference, out), trained, strict=True)]
     assert all(g.dtype == torch.float32 for g in grads[1])
     flat = [torch.cat([g.flatten() for g in gs]).double() for gs in grads]
-    assert torch.nn.functional.cosine_similarity(*flat, dim=0).item() > 0.999
+    assert torch.nn.functional.cosine_similarity(*flat, dim=0).item() > 0.995
 
 
 @pytest.mark.parametrize("name", sorted(NETWORKS))
@@ -87,6 +104,8 @@ RUNS = {
     "ppo": (["--env-id", "Breakout-v5", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"], 128, 256, 384),
     "a2c": (["--env-id", "Breakout-v5", "--num-envs", "4"], 100, 200, 300),
     "dqn": (["--env-id", "Breakout-v5", *SMOKE_FLAGS["dqn"], "--batch-size", "32"], 600, 700, 800),
+    "ppg_procgen": (["--env-id", "StarpilotEasy-v0", *SMOKE_FLAGS["ppg_procgen"]], 256, 256, 384),  # a phase at 256
+    "rnd_ppo": (["--env-id", "MontezumaRevenge-v5", *SMOKE_FLAGS["rnd_ppo"]], 128, 256, 384),
 }  # fmt: skip
 
 

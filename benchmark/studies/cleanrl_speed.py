@@ -121,6 +121,7 @@ ROWS = {
     ),
 }
 COMPILED = {"ppo.py", "a2c.py", "dqn.py", "ddpg_td3.py"}  # the scripts with --compile
+BF16 = {"ppo-breakout", "td3-hopper"}  # the rows whose script takes --bf16 on that env (frames, or TD3's networks)
 
 
 def cleanrl_file(path: str, clone: str | None, cache: Path) -> str:
@@ -151,10 +152,10 @@ def write_cleanrl(tree: Path, clone: str | None, cache: Path) -> None:
     (tree / "cleanrl_utils" / "__init__.py").write_text("")
 
 
-def command(side: str, row: str, tree: Path, compiled: bool) -> list[str]:
+def command(side: str, row: str, tree: Path, extra: tuple[str, ...] = ()) -> list[str]:
     _, ours, cleanrl = ROWS[row]
     if side == "ours":
-        flags = [*ours[1:], "--no-cuda", *(["--compile"] if compiled else [])]
+        flags = [*ours[1:], "--no-cuda", *extra]
         return [sys.executable, str(ROOT / "algorithms" / ours[0]), *flags]
     script = [str(tree / cleanrl[0])]
     if "envpool" in cleanrl[0]:  # envpool's old gym API, over today's
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--only", nargs="*", default=None, choices=list(ROWS), help="rows to time (default: all)")
     p.add_argument("--rounds", type=int, default=2, help="timed A B rounds per row, after one warm-up of each")
     p.add_argument("--compile", action="store_true", help="also time ours with --compile (its own warm-up first)")
+    p.add_argument("--bf16", action="store_true", help="also time ours with --bf16, on the rows in BF16")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "results" / "cleanrl_speed.md"), help="markdown to write")
     args = p.parse_args(argv)
     if args.rounds < 1:
@@ -194,7 +196,11 @@ def main(argv: list[str] | None = None) -> str:
         for row in args.only or list(ROWS):
             title, ours, _ = ROWS[row]
             sides = ["ours", "cleanrl"] + (["compiled"] if args.compile and ours[0] in COMPILED else [])
-            cmds = {side: command(side if side != "compiled" else "ours", row, tree, side == "compiled") for side in sides}
+            sides += ["bf16"] if args.bf16 and row in BF16 else []
+            extra = {"compiled": ("--compile",), "bf16": ("--bf16",)}
+            cmds = {
+                side: command("cleanrl" if side == "cleanrl" else "ours", row, tree, extra.get(side, ())) for side in sides
+            }
             for side in sides:  # warm-up: the OS's file cache, torch's and inductor's caches
                 timed(cmds[side], env)
             times = {side: [] for side in sides}
@@ -204,24 +210,27 @@ def main(argv: list[str] | None = None) -> str:
             med = {side: statistics.median(t) for side, t in times.items()}
             spread = {side: f"{min(t):.1f}-{max(t):.1f} s" if len(t) > 1 else f"{t[0]:.1f} s" for side, t in times.items()}
             cells = [title, spread["ours"], spread["cleanrl"], f"{med['cleanrl'] / med['ours']:.2f}x"]
-            if args.compile:
-                compiled = f"{spread['compiled']}: {med['cleanrl'] / med['compiled']:.2f}x" if "compiled" in med else "-"
-                cells.append(compiled)
+            for flag, side in (("compile", "compiled"), ("bf16", "bf16")):
+                if getattr(args, flag):
+                    cells.append(f"{spread[side]}: {med['cleanrl'] / med[side]:.2f}x" if side in med else "-")
             rows.append("| " + " | ".join(cells) + " |")
             print(rows[-1], flush=True)
     header = "| row | ours | CleanRL | CleanRL's time / ours |"
     header += " ours --compile: time, CleanRL's / it |" if args.compile else ""
+    header += " ours --bf16: time, CleanRL's / it |" if args.bf16 else ""
     text = "\n".join(
         [
             "# Against CleanRL's scripts, whole process, same machine",
             "",
             f"{machine()}, CPU. Command: `python benchmark/studies/cleanrl_speed.py"
             + (" --compile" if args.compile else "")
+            + (" --bf16" if args.bf16 else "")
+            + (f" --only {' '.join(args.only)}" if args.only else "")
             + f"`. CleanRL at {CLEANRL_COMMIT[:8]}, ported as the script lists. After a warm-up run of each, "
             f"{args.rounds} rounds A B; times are the range over the rounds, ratios of the medians.",
             "",
             header,
-            "|---|---|---|---|" + ("---|" if args.compile else ""),
+            "|---|---|---|---|" + "---|" * (args.compile + args.bf16),
             *rows,
             "",
         ]
