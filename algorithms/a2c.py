@@ -1309,11 +1309,13 @@ def resumed_args(args: Args) -> Args:
     """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
     other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
     state = load_checkpoint(args.resume, args.env_id)
-    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
+    fields = [f.name for f in dataclasses.fields(Args)]
+    # a field newer than the checkpoint: the run it holds had that field's default
+    saved = {**{f.name: f.default for f in dataclasses.fields(Args)}, **state["args"]}
     changes = {}
     for name in sorted(args.typed - {"resume"}, key=fields.index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
-        if name not in saved or value == saved[name]:
+        if value == saved[name]:
             continue
         if name not in RESUMABLE:
             fail(

@@ -68,6 +68,8 @@ class Args:
     """torch.compile the acting step, the critic update and the actor update (slower than eager on a CPU: see the docs)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    bf16: bool = False
+    """the actor and critic layers in bfloat16 autocast; weights, optimisers, targets, losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
@@ -90,20 +92,16 @@ class Args:
 
 # No orthogonal layer_init here: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default nn.Linear
 # initialisation (uniform in +-1/sqrt(fan_in)), and their results are the ones the presets reproduce.
+# --bf16: each network's layers run in bfloat16 autocast and hand back float32, so targets, losses and noise stay float32
+# (autocast "cpu" off CUDA: the storage reckoning runs the critics on the meta device, where autocast("meta") raises).
 class Actor(nn.Module):
     """Deterministic policy: a two-hidden-layer ReLU MLP whose tanh output is scaled to the env's action bounds."""
 
-    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int):
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int, bf16: bool = False):
         super().__init__()
-        action_dim = int(np.prod(action_space.shape))
-        self.network = nn.Sequential(
-            nn.Linear(obs_dim, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, action_dim),
-            nn.Tanh(),
-        )
+        action_dim, self.bf16 = int(np.prod(action_space.shape)), bf16
+        self.network = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                     nn.Linear(hidden, action_dim), nn.Tanh())  # fmt: skip
         # on the host even where the layers are built on another device (storage's meta device): bounds has numpy copies
         low = torch.as_tensor(action_space.low, dtype=torch.float32, device="cpu")
         high = torch.as_tensor(action_space.high, dtype=torch.float32, device="cpu")
@@ -114,16 +112,17 @@ class Actor(nn.Module):
         self.bounds = (low.numpy(), high.numpy(), ((high - low) / 2.0).numpy())  # host copies, for acting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.network(x) * self.action_scale + self.action_bias
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.bf16):
+            return self.network(x).float() * self.action_scale + self.action_bias
 
 
 class Critics(nn.Module):
     """num_critics Q-networks Q(s, a) -> (num_critics, batch) as ONE batched MLP: each layer's weights stacked on a
     leading critic axis, applied with one torch.baddbmm, so TD3's twin critics cost one forward and one backward pass."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: int, num_critics: int):
+    def __init__(self, obs_dim: int, action_dim: int, hidden: int, num_critics: int, bf16: bool = False):
         super().__init__()
-        sizes = [obs_dim + action_dim, hidden, hidden, 1]
+        sizes, self.bf16 = [obs_dim + action_dim, hidden, hidden, 1], bf16
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             bound = 1.0 / np.sqrt(fan_in)  # nn.Linear's default initialisation, for each critic
@@ -134,10 +133,11 @@ class Critics(nn.Module):
         params = params if params is not None else list(zip(self.weights, self.biases, strict=True))
         x = torch.cat([obs, actions], -1)
         x = x.expand(params[0][0].shape[0], *x.shape)
-        for i, (w, b) in enumerate(params):
-            x = torch.baddbmm(b, x, w)
-            x = torch.relu(x) if i < len(params) - 1 else x
-        return x.squeeze(-1)
+        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.bf16):
+            for i, (w, b) in enumerate(params):
+                x = torch.baddbmm(b, x, w)
+                x = torch.relu(x) if i < len(params) - 1 else x
+        return x.squeeze(-1).float()
 
     def first_critic_frozen(self) -> list:
         """The first critic's weights, detached: the actor's loss backpropagates into the action only (as TD3.py,
@@ -239,11 +239,11 @@ def main(args: Args) -> None:
     device, writer, progress, N = run.device, run.writer, run.progress, args.num_envs
     obs_dim, action_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.action_space.shape))
     num_critics = 2 if args.twin_critics else 1
-    actor = Actor(obs_dim, run.action_space, args.hidden_size).to(device)
-    target_actor = Actor(obs_dim, run.action_space, args.hidden_size).to(device)
+    actor = Actor(obs_dim, run.action_space, args.hidden_size, args.bf16).to(device)
+    target_actor = Actor(obs_dim, run.action_space, args.hidden_size, args.bf16).to(device)
     target_actor.load_state_dict(actor.state_dict())
-    critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
-    target_critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics).to(device)
+    critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics, args.bf16).to(device)
+    target_critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics, args.bf16).to(device)
     target_critic.load_state_dict(critic.state_dict())
     # fused: one kernel for all parameters; compiled, the rate is a tensor, not a constant traced into the Adam steps
     lr = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
@@ -522,6 +522,26 @@ def timed(seconds: dict, part: str):
     seconds[part] += time.perf_counter() - t0
 
 
+def bf16_note(device: torch.device) -> str:
+    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
+    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
+    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return ""
+        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+    return (
+        ""
+        if native
+        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
+    )
+
+
 # --- evaluation, storage reckoning, argument checks ---
 def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
     """Play one full episode with the deterministic actor (no exploration noise) on each of args.eval_episodes envs.
@@ -631,6 +651,8 @@ def start_run(args: Args) -> types.SimpleNamespace:
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
     say_device(device)
+    if args.bf16 and bf16_note(device):
+        print(bf16_note(device), flush=True)
     global_step = ckpt["global_step"] if ckpt else 0
     writer = open_writer(run_dir, args, global_step if ckpt else None)
     progress = Progress(args, global_step, args.total_timesteps)
@@ -687,7 +709,7 @@ def end_run(args: Args, run: types.SimpleNamespace, envs, actor: Actor, critic: 
         model_path = os.path.join(run.run_dir, f"{args.algo}.model")
         save_checkpoint(model_path, "model", args, run.run_dir, model=actor.state_dict(), critic=critic.state_dict())
         state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_actor = Actor(int(np.prod(run.obs_space.shape)), run.action_space, args.hidden_size).to(run.device)
+        eval_actor = Actor(int(np.prod(run.obs_space.shape)), run.action_space, args.hidden_size, args.bf16).to(run.device)
         eval_actor.load_state_dict(state["model"])
         returns = evaluate(eval_actor, args, run.device, video_path(args, run.run_dir))
         log_final_eval(run.writer, returns, global_step, model_path)
@@ -905,11 +927,13 @@ def resumed_args(args: Args) -> Args:
     """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
     other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
     state = load_checkpoint(args.resume, args.env_id)
-    saved, fields = state["args"], [f.name for f in dataclasses.fields(Args)]
+    fields = [f.name for f in dataclasses.fields(Args)]
+    # a field newer than the checkpoint: the run it holds had that field's default
+    saved = {**{f.name: f.default for f in dataclasses.fields(Args)}, **state["args"]}
     changes = {}
     for name in sorted(args.typed - {"resume"}, key=fields.index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
-        if name not in saved or value == saved[name]:
+        if value == saved[name]:
             continue
         if name not in RESUMABLE:
             fail(

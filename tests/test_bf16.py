@@ -26,6 +26,8 @@ from conftest import (
 
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)  # an Atari stack
 PROCGEN = gym.spaces.Box(0, 255, (3, 64, 64), np.uint8)
+HALF_CHEETAH = gym.spaces.Box(-np.inf, np.inf, (17,), np.float32)
+HALF_CHEETAH_ACTIONS = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 
 
 def actor_critic(m, bf16: bool, obs_space=FRAMES):
@@ -52,13 +54,21 @@ def rnd_networks(m, bf16: bool):
     return both, lambda x: torch.cat([heads(x), rnd.error(whitened(x))[:, None]], 1)
 
 
-# each file's network with or without --bf16, and a function from a uint8 batch to the network's float outputs
+def td3_networks(m, bf16: bool):
+    """The actor's actions, and the two critics' Q-values of them."""
+    actor, critics = m.Actor(17, HALF_CHEETAH_ACTIONS, 256, bf16), m.Critics(17, 6, 256, 2, bf16)
+    both = torch.nn.ModuleList([actor, critics])
+    return both, lambda x: torch.cat([actor(x), critics(x, actor(x)).reshape(2, -1).T], 1)
+
+
+# each file's networks with or without --bf16, and a function from a batch of observations to their float outputs
 NETWORKS = {
     "ppo": (FRAMES, lambda m, bf16: actor_critic(m, bf16)),
     "a2c": (FRAMES, lambda m, bf16: actor_critic(m, bf16)),
     "dqn": (FRAMES, q_network),
     "ppg_procgen": (PROCGEN, ppg_agent),
     "rnd_ppo": (FRAMES, rnd_networks),
+    "ddpg_td3": (HALF_CHEETAH, td3_networks),
 }
 
 
@@ -73,6 +83,7 @@ def test_bf16_outputs_and_gradients_are_float32_and_near_float32s(name):
     (full, full_forward), (half, half_forward) = build(m, False), build(m, True)
     half.load_state_dict(full.state_dict())
     x = torch.randint(0, 256, (64, *obs_space.shape), dtype=torch.uint8)
+    x = x if obs_space.dtype == np.uint8 else torch.randn(64, *obs_space.shape)
     reference, out = full_forward(x), half_forward(x)
     assert out.dtype == torch.float32 and all(p.dtype == torch.float32 for p in half.parameters())
     difference = (out - reference).abs().max().item()
@@ -106,6 +117,7 @@ RUNS = {
     "dqn": (["--env-id", "Breakout-v5", *SMOKE_FLAGS["dqn"], "--batch-size", "32"], 600, 700, 800),
     "ppg_procgen": (["--env-id", "StarpilotEasy-v0", *SMOKE_FLAGS["ppg_procgen"]], 256, 256, 384),  # a phase at 256
     "rnd_ppo": (["--env-id", "MontezumaRevenge-v5", *SMOKE_FLAGS["rnd_ppo"]], 128, 256, 384),
+    "ddpg_td3": (["--env-id", "Pendulum-v1", *SMOKE_FLAGS["ddpg_td3"]], 400, 500, 600),
 }  # fmt: skip
 
 
@@ -116,12 +128,19 @@ def test_a_bf16_run_saves_it_in_its_checkpoint_and_model_and_a_resume_keeps_it(n
     run_algorithm(name, *common, "--bf16", "--total-timesteps", str(first), cwd=tmp_path)
     run = only_run(tmp_path)
     ckpt = run / "checkpoint.pt"
-    assert load_file(ckpt)["args"]["bf16"] and load_file(run / f"{name}.model")["args"]["bf16"]
+    model = next(run.glob("*.model"))  # <script>.model; ddpg_td3.py's is named after its --algo
+    assert load_file(ckpt)["args"]["bf16"] and load_file(model)["args"]["bf16"]
     assert len(values(run, "eval/episodic_return")) == 1  # the saved model, reloaded and evaluated
     # turning it off on resume is refused: the run keeps the precision it learned with
     proc = run_bad_input(name, [*flags[:2], "--resume", str(ckpt), "--no-bf16"], tmp_path, "")
     assert_one_error_line(name, proc, r"--bf16 False differs from the checkpoint's True")
-    (ckpt.parent / f"{name}.model").unlink()
+    # a checkpoint from before --bf16 existed ran in float32: --bf16 beside it is refused, not dropped
+    state = load_file(ckpt)
+    del state["args"]["bf16"]
+    torch.save(state, tmp_path / "older.pt")
+    proc = run_bad_input(name, [*flags[:2], "--resume", str(tmp_path / "older.pt"), "--bf16"], tmp_path, "")
+    assert_one_error_line(name, proc, r"--bf16 True differs from the checkpoint's False")
+    model.unlink()
     run_algorithm(name, *flags[:2], "--resume", str(ckpt), "--total-timesteps", str(total), cwd=tmp_path)
-    assert load_file(run / f"{name}.model")["args"]["bf16"] and load_file(ckpt)["global_step"] >= every
+    assert load_file(model)["args"]["bf16"] and load_file(ckpt)["global_step"] >= every
     assert Path(run).samefile(only_run(tmp_path))

@@ -9,6 +9,7 @@
 # here no longer has: benchmark/studies/cleanrl_envpool_gym.py stands in for it over the gymnasium API.
 #     bash benchmark/studies/cleanrl_rnd_speed.sh > benchmark/results/rnd_ppo_vs_cleanrl_speed.txt
 #   offline: CLEANRL=path/to/a/copy (git show HEAD:cleanrl/ppo_rnd_envpool.py in a clone of vwxyzjn/cleanrl)
+#   BF16=1: rnd_ppo.py a second time, with --bf16
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benchmark/common.sh
@@ -32,4 +33,11 @@ echo "rnd_ppo.py:"
     --total-timesteps "$STEPS" --num-iterations-obs-norm-init 1 --no-cuda --progress-interval 0 2>&1 |
     grep -E --line-buffered "^step|wall|^observation" | stamp | tee "$RUNS/ours.log")
 sps "step [0-9,]+/" < "$RUNS/ours.log"
+if [[ ${BF16:-0} == 1 ]]; then
+  echo "rnd_ppo.py --bf16:"
+  (cd "$RUNS" && PYTHONUNBUFFERED=1 /usr/bin/time -f "%e s wall, %M KiB peak RSS" python "$OLDPWD/algorithms/rnd_ppo.py" \
+      --total-timesteps "$STEPS" --num-iterations-obs-norm-init 1 --no-cuda --progress-interval 0 --bf16 2>&1 |
+      grep -E --line-buffered "^step|wall|^observation" | stamp | tee "$RUNS/bf16.log")
+  sps "step [0-9,]+/" < "$RUNS/bf16.log"
+fi
 rm -rf "$RUNS"

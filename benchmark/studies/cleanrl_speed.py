@@ -159,7 +159,7 @@ def command(side: str, row: str, tree: Path, extra: tuple[str, ...] = ()) -> lis
         return [sys.executable, str(ROOT / "algorithms" / ours[0]), *flags]
     script = [str(tree / cleanrl[0])]
     if "envpool" in cleanrl[0]:  # envpool's old gym API, over today's
-        script = [str(ROOT / "benchmark" / "cleanrl_envpool_gym.py"), *script]
+        script = [str(ROOT / "benchmark" / "studies" / "cleanrl_envpool_gym.py"), *script]
     return [sys.executable, *script, *cleanrl[1:], "--no-cuda"]
 
 
