@@ -5,7 +5,8 @@ Atari frames: RND's own kind of env, at a size a CPU runs in minutes), the same 
 
 Each run is tests/test_learning.py's corridor run (16 envs x 64 steps, 12,288 steps, two random rollouts for the
 observation statistics), in its own process, two at a time (one thread each); the table gives each run's mean return of
-the episodes that ended in its last quarter, and its tensorboard events stay under --out.
+the episodes that ended in its last quarter, and its tensorboard events stay under --out, where a later call with
+more seeds keeps them and runs only the new ones.
 """
 
 import argparse
@@ -51,6 +52,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     jobs = [(seed, name, flags) for seed in args.seeds for name, flags in (("float32", []), ("bf16", ["--bf16"]))]
+    jobs = [job for job in jobs if not list(out.glob(f"runs/*__{job[1]}_s{job[0]}__*"))]  # runs already there are kept
     for pair in (jobs[i : i + 2] for i in range(0, len(jobs), 2)):  # two at a time, one thread each
         running = []
         for seed, name, flags in pair:
