@@ -613,11 +613,8 @@ def bf16_note(device: torch.device) -> str:
         except OSError:
             return ""
         native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
-    return (
-        ""
-        if native
-        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
-    )
+    what = "GPU" if device.type == "cuda" else "CPU"
+    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
 
 def start_run(args: Args) -> types.SimpleNamespace:
@@ -638,9 +635,10 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
-        for line in (note, args.bf16 and bf16_note(device)):
-            if line:
-                print(line, flush=True)
+        if note:
+            print(note, flush=True)
+        if args.bf16 and (slow := bf16_note(device)):
+            print(slow, flush=True)
     if ckpt is not None and ckpt["phase"][rank] is not None:  # missing frames: refused before the writer appends
         rollout = args.num_steps * (args.num_envs // args.world_size) * int(np.prod(obs_space.shape))  # a phase slot
         check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * rollout)
@@ -1390,9 +1388,9 @@ def resumed_args(args: Args) -> Args:
     """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
     other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
     state = load_checkpoint(args.resume, args.env_id)
-    fields = [f.name for f in dataclasses.fields(Args)]
-    # a field newer than the checkpoint: the run it holds had that field's default
-    saved = {**{f.name: f.default for f in dataclasses.fields(Args)}, **state["args"]}
+    defaults = {f.name: f.default for f in dataclasses.fields(Args)}
+    fields = list(defaults)
+    saved = {**defaults, **state["args"]}  # a field newer than the checkpoint: the run it holds had its default
     changes = {}
     for name in sorted(args.typed - {"resume"}, key=fields.index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"

@@ -785,11 +785,8 @@ def bf16_note(device: torch.device) -> str:
         except OSError:
             return ""
         native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
-    return (
-        ""
-        if native
-        else f"note: --bf16 on this {device.type.upper()}, which has no native bfloat16, is likely slower than float32"
-    )
+    what = "GPU" if device.type == "cuda" else "CPU"
+    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
 
 def rollout_obs(rows: tuple, obs_space: gym.Space, device: torch.device) -> torch.Tensor:
@@ -797,8 +794,8 @@ def rollout_obs(rows: tuple, obs_space: gym.Space, device: torch.device) -> torc
     uint8, stored channels-last ((H, W, C) in memory, seen as (C, H, W)): the layout the trunk's kernels want, so that
     neither a step's frames (to_obs_tensor) nor a minibatch gathered from the rollout needs converting."""
     if len(obs_space.shape) != 3:
-        return torch.zeros(rows + obs_space.shape, dtype=torch.uint8 if obs_space.dtype == np.uint8 else torch.float32,
-                           device=device)  # fmt: skip
+        dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
+        return torch.zeros(rows + obs_space.shape, dtype=dtype, device=device)
     c, h, w = obs_space.shape
     return torch.zeros(rows + (h, w, c), dtype=torch.uint8, device=device).movedim(-1, -3)
 
@@ -1139,9 +1136,10 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args)) if rank == 0 else None
     if rank == 0:
         say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
-        for line in (note, args.bf16 and bf16_note(device)):
-            if line:
-                print(line, flush=True)
+        if note:
+            print(note, flush=True)
+        if args.bf16 and (slow := bf16_note(device)):
+            print(slow, flush=True)
     resumed_at = ckpt["global_step"] if ckpt else None
     return types.SimpleNamespace(
         rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt, run_dir=run_dir,
@@ -1396,9 +1394,9 @@ def resumed_args(args: Args) -> Args:
     """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
     other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
     state = load_checkpoint(args.resume, args.env_id)
-    fields = [f.name for f in dataclasses.fields(Args)]
-    # a field newer than the checkpoint: the run it holds had that field's default
-    saved = {**{f.name: f.default for f in dataclasses.fields(Args)}, **state["args"]}
+    defaults = {f.name: f.default for f in dataclasses.fields(Args)}
+    fields = list(defaults)
+    saved = {**defaults, **state["args"]}  # a field newer than the checkpoint: the run it holds had its default
     changes = {}
     for name in sorted(args.typed - {"resume"}, key=fields.index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"

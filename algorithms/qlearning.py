@@ -887,9 +887,9 @@ def resumed_args(args: Args) -> Args:
     """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
     other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
     state = load_checkpoint(args.resume, args.env_id)
-    fields = [f.name for f in dataclasses.fields(Args)]
-    # a field newer than the checkpoint: the run it holds had that field's default
-    saved = {**{f.name: f.default for f in dataclasses.fields(Args)}, **state["args"]}
+    defaults = {f.name: f.default for f in dataclasses.fields(Args)}
+    fields = list(defaults)
+    saved = {**defaults, **state["args"]}  # a field newer than the checkpoint: the run it holds had its default
     changes = {}
     for name in sorted(args.typed - {"resume"}, key=fields.index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"

@@ -30,9 +30,10 @@ HALF_CHEETAH = gym.spaces.Box(-np.inf, np.inf, (17,), np.float32)
 HALF_CHEETAH_ACTIONS = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 
 
-def actor_critic(m, bf16: bool, obs_space=FRAMES):
-    agent = m.Agent(obs_space, gym.spaces.Discrete(6), bf16=bf16)
-    return agent, lambda x: torch.cat([agent.actor(agent.hidden(x)[0]), agent.critic(agent.hidden(x)[0])], 1)
+def actor_critic(m, bf16: bool):
+    agent = m.Agent(FRAMES, gym.spaces.Discrete(6), bf16=bf16)
+    heads = lambda h: torch.cat([agent.actor(h), agent.critic(h)], 1)  # noqa: E731
+    return agent, lambda x: heads(agent.hidden(x)[0])
 
 
 def q_network(m, bf16: bool):
@@ -42,29 +43,29 @@ def q_network(m, bf16: bool):
 
 def ppg_agent(m, bf16: bool):
     agent = m.Agent(PROCGEN, gym.spaces.Discrete(15), "dual", bf16)
-    return agent, lambda x: torch.cat([agent(x)[0], agent(x)[1][:, None], agent(x)[2][:, None]], 1)
+    return agent, lambda x: (lambda logits, aux, value: torch.cat([logits, aux[:, None], value[:, None]], 1))(*agent(x))
 
 
 def rnd_networks(m, bf16: bool):
     """The agent's logits and values, then RND's error on the newest frame (whitened as rnd_ppo.py feeds it)."""
     agent, rnd = m.Agent(FRAMES, gym.spaces.Discrete(18), bf16=bf16), m.RNDModel(bf16)
     both = torch.nn.ModuleList([agent, rnd])
-    heads = lambda x: torch.cat([agent(x)[0], torch.stack(agent(x)[1:3], 1)], 1)  # noqa: E731
+    heads = lambda logits, ext, intr, _: torch.cat([logits, ext[:, None], intr[:, None]], 1)  # noqa: E731
     whitened = lambda x: ((x[:, -1:].float() - 128.0) / 64.0).clamp(-5, 5)  # noqa: E731
-    return both, lambda x: torch.cat([heads(x), rnd.error(whitened(x))[:, None]], 1)
+    return both, lambda x: torch.cat([heads(*agent(x)), rnd.error(whitened(x))[:, None]], 1)
 
 
 def td3_networks(m, bf16: bool):
     """The actor's actions, and the two critics' Q-values of them."""
     actor, critics = m.Actor(17, HALF_CHEETAH_ACTIONS, 256, bf16), m.Critics(17, 6, 256, 2, bf16)
     both = torch.nn.ModuleList([actor, critics])
-    return both, lambda x: torch.cat([actor(x), critics(x, actor(x)).reshape(2, -1).T], 1)
+    return both, lambda x: (lambda a: torch.cat([a, critics(x, a).reshape(2, -1).T], 1))(actor(x))
 
 
 # each file's networks with or without --bf16, and a function from a batch of observations to their float outputs
 NETWORKS = {
-    "ppo": (FRAMES, lambda m, bf16: actor_critic(m, bf16)),
-    "a2c": (FRAMES, lambda m, bf16: actor_critic(m, bf16)),
+    "ppo": (FRAMES, actor_critic),
+    "a2c": (FRAMES, actor_critic),
     "dqn": (FRAMES, q_network),
     "ppg_procgen": (PROCGEN, ppg_agent),
     "rnd_ppo": (FRAMES, rnd_networks),
@@ -82,8 +83,10 @@ def test_bf16_outputs_and_gradients_are_float32_and_near_float32s(name):
     torch.manual_seed(0)
     (full, full_forward), (half, half_forward) = build(m, False), build(m, True)
     half.load_state_dict(full.state_dict())
-    x = torch.randint(0, 256, (64, *obs_space.shape), dtype=torch.uint8)
-    x = x if obs_space.dtype == np.uint8 else torch.randn(64, *obs_space.shape)
+    if obs_space.dtype == np.uint8:
+        x = torch.randint(0, 256, (64, *obs_space.shape), dtype=torch.uint8)
+    else:
+        x = torch.randn(64, *obs_space.shape)
     reference, out = full_forward(x), half_forward(x)
     assert out.dtype == torch.float32 and all(p.dtype == torch.float32 for p in half.parameters())
     difference = (out - reference).abs().max().item()
