@@ -81,7 +81,7 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available (the phase's frames then live on the GPU)"""
     chunk_size: int = 0
-    """observations per forward/backward pass in a minibatch, the same update (0: 32 on CPU, the minibatch on CUDA)"""
+    """observations per forward/backward pass in a minibatch, the same update (0: 32 on CPU, 128 with --bf16; CUDA: all)"""
     compile: bool = False
     """torch.compile the acting step, both phases' minibatch chunks and optimiser steps (off: the eager code is to read)"""
     cudagraphs: bool = False
@@ -939,7 +939,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
             f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}"
         )
     if args.chunk_size == 0:
-        args.chunk_size = args.minibatch_size // args.world_size if torch.cuda.is_available() and args.cuda else 32
+        # a CPU's bfloat16 kernels gain from larger chunks, float32's do not (benchmark/results/speed_bf16.md, PPG)
+        cpu_chunk = 128 if args.bf16 else 32
+        args.chunk_size = args.minibatch_size // args.world_size if torch.cuda.is_available() and args.cuda else cpu_chunk
 
 
 def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int) -> dict:

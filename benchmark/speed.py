@@ -58,6 +58,9 @@ SCALING = [c for c in CONFIGS if (c[0], c[1]) in SCALING_ROWS] + [
 ]
 # the scripts with --compile (and --cudagraphs, CUDA only)
 COMPILED = {"ppo", "a2c", "dqn", "ddpg_td3"}
+# the rows whose script takes --bf16 there: the pixel networks, and TD3's MLPs (ppo, a2c and dqn refuse it on vectors)
+BF16 = {("ppo", "Breakout-v5"), ("dqn", "Breakout-v5"), ("a2c", "Breakout-v5"), ("ddpg_td3", "Hopper-v4")}
+BF16 |= {("ddpg_td3", "HalfCheetah-v4"), ("ppg_procgen", "StarpilotEasy-v0"), ("rnd_ppo", "MontezumaRevenge-v5")}
 # es.py's envs are its population, and its budget is counted in generations. ppg_procgen.py runs the default sizes
 # (64 envs x 256 steps) with phases of 2 policy iterations, so that an auxiliary epoch is timed within minutes: its SPS
 # is the policy phase's, and the auxiliary epoch's seconds per policy iteration of frames are shown beside it
@@ -161,6 +164,15 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
     return cells
 
 
+def bf16_cell(algo, env_id, num_envs, budget, flags, eager_sps: float) -> str:
+    """The --bf16 column: the same run with --bf16, its SPS (as the script SPS column counts it) against the default's."""
+    if (algo, env_id) not in BF16:
+        return "-"
+    logged, _ = train(algo, env_id, num_envs, budget, [*flags, "--bf16"])
+    sps = script_sps(logged, flags)[0]
+    return f"{sps:,.0f} ({sps / eager_sps:.2f}x)"
+
+
 def machine() -> str:
     """The first words of a table's machine line: cores, CPU, torch and envpool versions."""
     cpu = platform.processor() or platform.machine()
@@ -206,6 +218,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every training budget (e.g. 0.1 to try)")
     p.add_argument("--env-seconds", type=float, default=5.0, help="seconds of random stepping per env")
     p.add_argument("--no-compile", action="store_true", help="leave out the compiled runs (their columns show '-')")
+    p.add_argument("--no-bf16", action="store_true", help="leave out the --bf16 runs (their column shows '-')")
     p.add_argument(
         "--out",
         default=None,
@@ -223,10 +236,11 @@ def main(argv: list[str] | None = None) -> str:
         eager = train(algo, env_id, num_envs, budget, flags)
         learner, note = script_sps(eager[0], flags)
         compiled = ["-", "-"] if args.no_compile else compiled_cells(algo, env_id, num_envs, budget, flags, eager, cuda)
+        bf16 = "-" if args.no_bf16 else bf16_cell(algo, env_id, num_envs, budget, flags, learner)
         env = env_sps(env_id, num_envs, args.env_seconds)
         shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)}{note})" if flags else "")
         cells = [f"{algo}.py", env_id, f"{num_envs}", shown, f"{learner:,.0f}", f"{env:,.0f}", f"{learner / env:.1%}"]
-        rows.append("| " + " | ".join([*cells, *compiled]) + " |")
+        rows.append("| " + " | ".join([*cells, bf16, *compiled]) + " |")
         print(rows[-1], flush=True)
     if args.only is not None and Path(args.out).exists():  # the rows not measured now stay as they were
         key = lambda row: " | ".join(row.split(" | ")[:2])  # noqa: E731  "| algo.py | env_id"
@@ -241,9 +255,9 @@ def main(argv: list[str] | None = None) -> str:
             f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
             "Command: `python benchmark/speed.py`.",
             "",
-            "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --compile: second-half"
-            " SPS (x eager's) | --compile --cudagraphs |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --bf16: script SPS (x"
+            " default's) | --compile: second-half SPS (x eager's) | --compile --cudagraphs |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *rows,
             "",
             "ppo.py, a2c.py and dqn.py step their CartPole-v1 envs with gymnasium in the process (`--env-backend auto`:",

@@ -188,7 +188,20 @@ def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_r
     row = table[0]
     cells = row.strip("|").split(" | ")  # the last cell keeps the space before the closing bar
     learner, env = (float(c.replace(",", "")) for c in cells[4:6])
-    assert 0 < learner < env and cells[6] == f"{learner / env:.1%}" and cells[7:] == ["-", "- "]
+    assert 0 < learner < env and cells[6] == f"{learner / env:.1%}" and cells[7:] == ["-", "-", "- "]  # no --bf16 on vectors
+
+
+def test_the_bf16_column_runs_the_row_again_with_bf16_where_the_script_takes_it(monkeypatch):
+    calls = []
+
+    def fake_train(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        calls.append(flags)
+        return {"charts/SPS": [(steps, 750.0, 1.0)]}, 10.0
+
+    monkeypatch.setattr(speed, "train", fake_train)
+    assert speed.bf16_cell("ppo", "Breakout-v5", 8, 1024, ["--x", "1"], eager_sps=500.0) == "750 (1.50x)"
+    assert calls == [["--x", "1", "--bf16"]]
+    assert speed.bf16_cell("ppo", "CartPole-v1", 4, 1024, [], eager_sps=500.0) == "-" and len(calls) == 1
 
 
 def test_scaling_rows_time_one_process_with_two_threads_against_two_processes_with_one(tmp_path, monkeypatch):

@@ -100,9 +100,9 @@ ROWS = {
         + ["--num-minibatches", "1", "--update-epochs", "1", "--learning-rate", "7e-4"],
     ),
     "ppo-breakout": (
-        "PPO Breakout-v5, 8 envs x 128 steps, 8,192 steps",
-        ["ppo.py", "--env-id", "Breakout-v5", "--total-timesteps", "8192"],
-        ["cleanrl/ppo_atari_envpool.py", "--env-id", "Breakout-v5", "--total-timesteps", "8192"],
+        "PPO Breakout-v5, 8 envs x 128 steps, 16,384 steps",
+        ["ppo.py", "--env-id", "Breakout-v5", "--total-timesteps", "16384"],
+        ["cleanrl/ppo_atari_envpool.py", "--env-id", "Breakout-v5", "--total-timesteps", "16384"],
     ),
     "td3-hopper": (
         "TD3 Hopper-v4, 5,000 steps, learning from step 256",
