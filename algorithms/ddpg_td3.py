@@ -720,14 +720,17 @@ def end_run(args: Args, run: types.SimpleNamespace, envs, actor: Actor, critic: 
 import ast
 import contextlib
 import dataclasses
+import errno
 import importlib.util
 import inspect
 import io
 import os
 import random
 import re
+import shutil
 import signal
 import sys
+import threading
 import time
 import types
 import typing
@@ -1190,9 +1193,65 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     layout = dict(format=CHECKPOINT_FORMAT, fields=sorted(state))
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **layout)
     marks["wandb_id"] = getattr(args, "wandb_id", None)  # with --track, the W&B run a resumed run goes on in
-    state = {**marks, **state}
-    torch.save(state, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
+    try:
+        torch.save({**marks, **state}, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+    except (OSError, RuntimeError) as error:  # a full disk: torch's zip writer says only "unexpected pos"
+        cannot_write(path, error, args)
+    if kind == "checkpoint":
+        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+
+
+def run_main(main, args) -> None:
+    """main(args); a write that fails mid-run for want of room or rights (the events, which tensorboard's thread writes,
+    or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library."""
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
+    try:
+        main(args)
+    except OSError as error:
+        folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
+        path = os.fsdecode(error.filename) if error.filename else f"into {folder}"  # the events' thread names no file
+        gone = error.errno == errno.ENOENT and error.filename and not os.path.isdir(os.path.dirname(path))  # folder removed
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and not gone:
+            raise
+        cannot_write(path, error, args)
+
+
+# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one
+WRITTEN: dict[str, tuple[str, int | None]] = {}
+
+
+def resume_command(args, run_dir: str) -> str:
+    """The command that resumes this run from its checkpoint.pt (under torchrun, with as many processes)."""
+    processes = getattr(args, "world_size", 1)
+    launcher = f"torchrun --nproc_per_node {processes}" if processes > 1 else "python"
+    return f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+
+
+def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
+    """A file of the run that could not be written (a full disk, a read-only or removed folder) ends it in one line: the
+    file, the cause, and the checkpoint still on disk with the command to resume from it; no .tmp is left."""
+    folder = os.path.dirname(path) or "."
+    if isinstance(error, OSError) and error.strerror:
+        cause = error.strerror
+    elif not os.path.isdir(folder):
+        cause = "its folder is gone"
+    elif not os.access(folder, os.W_OK):
+        cause = "its folder is read-only"
+    elif shutil.disk_usage(folder).free < 1 << 20:
+        cause = "No space left on device"
+    else:
+        cause = str(error).strip().splitlines()[0][:200]
+    with contextlib.suppress(OSError):
+        os.remove(f"{path}.tmp")
+    kept, step = WRITTEN.get("checkpoint", (None, None))
+    if kept is not None and os.path.exists(kept):
+        at = f" (step {step:,})" if step is not None else ""
+        left = f"the earlier {kept}{at} is intact; resume with: {resume_command(args, os.path.dirname(kept))}"
+    else:
+        left = "no earlier checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {left}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 # The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
@@ -1243,14 +1302,15 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
         )
     if state["args"]["env_id"] != env_id:
         fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
+    if kind == "checkpoint":  # the one a failed write names
+        WRITTEN["checkpoint"] = (path, state.get("global_step"))
     return state
 
 
 def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
     close_writer(writer)
     envs.close()
-    resume = f"python {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
-    print(f"stopped at {where}; resume with: {resume}", flush=True)
+    print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)
     sys.exit(128 + stop[0])
 
 
@@ -1312,4 +1372,5 @@ def envpool_has(env_id: str) -> bool:
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    args = parse_args()
+    run_main(main, args)
