@@ -1328,8 +1328,14 @@ def write_video(path: str | None, frames: list) -> None:
     if path is not None and frames:
         import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
 
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            imageio.mimsave(path, frames, fps=30, macro_block_size=1)
+        except OSError as error:  # a video is a view of the run, not its state: the run goes on without it
+            print(f"{SCRIPT}: warning: cannot write {path}: {error.strerror or error}; the run goes on", file=sys.stderr)
+            with contextlib.suppress(OSError):
+                os.remove(path)  # no video cut short
+            return
         if wandb := tracking_run():  # the video uploaded beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
 

@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 
+from algos import load_algorithm
 from conftest import CPU, ROOT, SMOKE_FLAGS, load_file, one_thread, only_run, run_algorithm, run_in_process
 
 # each file's short run with a checkpoint every few updates: the first is written, the second meets a full disk
@@ -122,3 +124,14 @@ def test_a_real_full_tmpfs_leaves_the_earlier_checkpoint_which_resumes(tmp_path)
         assert f"resumed {os.path.relpath(run, disk)} at step {step:,}" in resumed.stdout
     finally:
         subprocess.run(["umount", str(disk)])
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTED))
+def test_a_video_that_cannot_be_written_is_said_in_one_line_and_the_run_goes_on(name, tmp_path, capsys):
+    """A video's folder that cannot be made (a file stands where it would go): a warning line, no exception, no file."""
+    (tmp_path / "videos").write_text("a file, not a folder")
+    path = str(tmp_path / "videos" / "final.mp4")
+    load_algorithm(name).write_video(path, [np.zeros((8, 8, 3), dtype=np.uint8)] * 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{name}.py: warning: cannot write {path}: File exists; the run goes on"]
+    assert not os.path.exists(path)
