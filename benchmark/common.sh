@@ -10,14 +10,17 @@ bench() {
 }
 
 # For the scripts that time a CleanRL script beside ours (benchmark/studies/cleanrl_*_speed.sh):
-# cleanrl_script FILE: gym 0.23 into $DEPS (pip --target, no deps), and CleanRL's cleanrl/FILE into $DEPS unless
-# $CLEANRL names a local copy; prints the script's path.
+# cleanrl_script FILE: gym 0.23 into $DEPS (pip --target, no deps), and CleanRL's cleanrl/FILE at the commit that
+# benchmark/studies/cleanrl_speed.py pins (CLEANRL_COMMIT) into $DEPS unless $CLEANRL names a local copy; prints the
+# script's path.
 cleanrl_script() {
   DEPS=${DEPS:-/tmp/cleanrl_deps}
   mkdir -p "$DEPS"
   [ -d "$DEPS/gym" ] || python -m pip install -q --target "$DEPS" --no-deps gym==0.23.1 gym_notices >&2
-  local script=${CLEANRL:-$DEPS/cleanrl_$1}
-  [ -f "$script" ] || curl -sSL "https://raw.githubusercontent.com/vwxyzjn/cleanrl/master/cleanrl/$1" -o "$script"
+  local commit
+  commit=$(sed -n 's/^CLEANRL_COMMIT = "\([0-9a-f]\{40\}\)".*/\1/p' benchmark/studies/cleanrl_speed.py)
+  local script=${CLEANRL:-$DEPS/cleanrl_${commit:0:8}_$1}
+  [ -f "$script" ] || curl -fsSL "https://raw.githubusercontent.com/vwxyzjn/cleanrl/$commit/cleanrl/$1" -o "$script"
   echo "$script"
 }
 # stamp: every line of stdin prefixed with the seconds since the pipe started.

@@ -379,3 +379,21 @@ def test_cleanrl_ports_change_only_the_listed_lines_and_refuse_a_file_they_do_no
     with pytest.raises(SystemExit) as stop:
         cleanrl_speed.write_cleanrl(tmp_path / "other", None, tmp_path)
     assert "does not apply to cleanrl/" in str(stop.value) and str(stop.value).count("\n") == 0
+
+
+def test_the_shell_comparisons_fetch_cleanrl_at_the_pinned_commit(tmp_path):
+    """benchmark/common.sh's cleanrl_script (the PPG and RND comparisons) downloads CleanRL's file at the commit that
+    cleanrl_speed.py pins, never a branch, into a file named by that commit (an older download is not reused)."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "curl").write_text('#!/bin/sh\necho "$@" > "$CURL_ARGS"\nfor a; do out=$a; done\necho fetched > "$out"\n')
+    (shim / "curl").chmod(0o755)
+    deps = tmp_path / "deps"
+    (deps / "gym").mkdir(parents=True)  # gym 0.23 counted as installed: no pip
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "DEPS": str(deps), "CURL_ARGS": str(tmp_path / "args")}
+    script = "source benchmark/common.sh; cleanrl_script ppo_rnd_envpool.py"
+    out = subprocess.run(["bash", "-c", script], cwd=run.ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    commit = cleanrl_speed.CLEANRL_COMMIT
+    assert out.strip() == str(deps / f"cleanrl_{commit[:8]}_ppo_rnd_envpool.py")
+    url = f"https://raw.githubusercontent.com/vwxyzjn/cleanrl/{commit}/cleanrl/ppo_rnd_envpool.py"
+    assert url in (tmp_path / "args").read_text().split()
