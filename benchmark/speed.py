@@ -1,6 +1,7 @@
 """Each script's training SPS against envpool's own random-action throughput for the same env and number of envs.
 
-    python benchmark/speed.py                   # every configuration below, into benchmark/results/speed.md
+    python benchmark/speed.py                   # every configuration below, into benchmark/runs/speed.md
+    python benchmark/speed.py --out benchmark/results/speed.md   # the committed table, remade
     python benchmark/speed.py --only ppo        # one algorithm's rows
     python benchmark/speed.py --scaling         # 1 process x 2 threads against 2 torchrun processes x 1 thread
 
@@ -90,7 +91,8 @@ def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
 
 def train(algo, env_id, num_envs, steps, flags, processes: int = 1, threads: int | None = None) -> tuple[dict, float]:
     """One training run in a temporary folder: its logged scalars and the whole run's wall time in seconds. With
-    processes > 1, under torchrun (gloo on the CPU); threads sets each process's OMP_NUM_THREADS."""
+    processes > 1, under torchrun (gloo on the CPU); threads sets each process's OMP_NUM_THREADS. A run that fails
+    raises CalledProcessError; main and scaling end on it with the script's own last line (refused)."""
     with tempfile.TemporaryDirectory() as tmp:
         launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
         cmd = [sys.executable, *(launcher if processes > 1 else []), str(ROOT / "algorithms" / f"{algo}.py")]
@@ -117,6 +119,13 @@ def script_sps(logged: dict, flags: list[str]) -> tuple[float, str]:
     minutes = 32 * per_iteration / 60
     note = f"; policy phase; auxiliary epoch {per_iteration:,.0f} s per iteration's frames, {minutes:,.0f} min at N_pi 32"
     return np.mean([v for _, v, _ in logged["charts/policy_phase_SPS"]]), note
+
+
+def refused(crash: subprocess.CalledProcessError) -> str:
+    """speed.py's one line for a run that failed: the script's own last line (a refusal names its flag and the fix)."""
+    last = (crash.stderr or "").strip().splitlines() or ["no output"]
+    script = next((Path(c).name for c in crash.cmd if str(c).endswith(".py")), "the script")
+    return f"speed.py: error: {script} exited {crash.returncode}: {last[-1][:300]}"
 
 
 def late_sps(logged: dict) -> float:
@@ -187,7 +196,10 @@ def scaling(steps_scale: float, out: str) -> str:
     rows = []
     for algo, env_id, num_envs, steps, flags in SCALING:
         budget = max(int(steps * steps_scale), 1)
-        runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
+        try:
+            runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
+        except subprocess.CalledProcessError as crash:
+            sys.exit(refused(crash))
         (one, one_s), (two, two_s) = ((logged["charts/SPS"][-1][1], seconds) for logged, seconds in runs)
         cells = [f"{algo}.py", env_id, f"{num_envs}", f"{budget:,}", f"{one:,.0f} ({one_s:.0f} s)"]
         rows.append("| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |")
@@ -196,9 +208,10 @@ def scaling(steps_scale: float, out: str) -> str:
         [
             "# One process with two threads against two processes with one thread each",
             "",
-            f"{machine()}, CPU (gloo). Command: `python benchmark/speed.py --scaling`. SPS: all processes' env steps "
-            "per second of training (evaluation excluded; ppg_procgen.py: both phases, 64 envs x 64 steps, an auxiliary phase "
-            "after iteration 2); in brackets the whole run's wall time, start-up included.",
+            f"{machine()}, CPU (gloo). Command: `python benchmark/speed.py --scaling --out {os.path.relpath(out, ROOT)}`. "
+            "SPS: all processes' env steps per second of training (evaluation excluded; ppg_procgen.py: both phases, 64 "
+            "envs x 64 steps, an auxiliary phase after iteration 2); in brackets the whole run's wall time, start-up "
+            "included.",
             "",
             "| script | env | envs | steps | 1 process x 2 threads: SPS (wall) | 2 processes x 1 thread: SPS (wall) | "
             "2 processes against 1 |",
@@ -222,18 +235,22 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument(
         "--out",
         default=None,
-        help="markdown file to write (default: benchmark/results/speed.md, or with --scaling speed_scaling.md)",
+        help="markdown file to write (default: benchmark/runs/speed.md, or with --scaling speed_scaling.md: the committed "
+        "tables in benchmark/results are rewritten only when named here)",
     )
     p.add_argument("--scaling", action="store_true", help="time the torchrun rows with 1 and 2 processes instead")
     args = p.parse_args(argv)
-    args.out = args.out or str(ROOT / "benchmark" / "results" / ("speed_scaling.md" if args.scaling else "speed.md"))
+    args.out = args.out or str(ROOT / "benchmark" / "runs" / ("speed_scaling.md" if args.scaling else "speed.md"))
     if args.scaling:
         return scaling(args.steps_scale, args.out)
     configs = [c for c in CONFIGS if args.only is None or c[0] in args.only or f"{c[0]}:{c[1]}" in args.only]
     rows, cuda = [], torch.cuda.is_available()
     for algo, env_id, num_envs, steps, flags in configs:
         budget = max(int(steps * args.steps_scale), 1)
-        eager = train(algo, env_id, num_envs, budget, flags)
+        try:
+            eager = train(algo, env_id, num_envs, budget, flags)
+        except subprocess.CalledProcessError as crash:  # e.g. a --steps-scale that leaves less than the script needs
+            sys.exit(refused(crash))
         learner, note = script_sps(eager[0], flags)
         compiled = ["-", "-"] if args.no_compile else compiled_cells(algo, env_id, num_envs, budget, flags, eager, cuda)
         bf16 = "-" if args.no_bf16 else bf16_cell(algo, env_id, num_envs, budget, flags, learner)
@@ -253,7 +270,7 @@ def main(argv: list[str] | None = None) -> str:
             "",
             f"{machine()}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
-            "Command: `python benchmark/speed.py`.",
+            f"Command: `python benchmark/speed.py --out {os.path.relpath(args.out, ROOT)}`.",
             "",
             "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --bf16: script SPS (x"
             " default's) | --compile: second-half SPS (x eager's) | --compile --cudagraphs |",

@@ -397,3 +397,25 @@ def test_the_shell_comparisons_fetch_cleanrl_at_the_pinned_commit(tmp_path):
     assert out.strip() == str(deps / f"cleanrl_{commit[:8]}_ppo_rnd_envpool.py")
     url = f"https://raw.githubusercontent.com/vwxyzjn/cleanrl/{commit}/cleanrl/ppo_rnd_envpool.py"
     assert url in (tmp_path / "args").read_text().split()
+
+
+def test_speed_says_a_refused_runs_own_line_and_writes_only_where_asked(tmp_path, monkeypatch):
+    """A row whose script refuses its budget (--steps-scale too small for dqn.py, say) ends speed.py in one line with the
+    script's own reason, not a traceback; without --out the table goes to benchmark/runs/, never over the committed one."""
+    line = "dqn.py: error: --total-timesteps 2000 leaves no learning after --learning-starts 10000; raise it"
+
+    def refusing(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        raise subprocess.CalledProcessError(2, [sys.executable, f"/x/algorithms/{algo}.py"], "", f"warning\n{line}\n")
+
+    monkeypatch.setattr(speed, "train", refusing)
+    with pytest.raises(SystemExit) as stop:
+        speed.main(["--only", "dqn:Breakout-v5", "--steps-scale", "0.1"])
+    assert stop.value.code == f"speed.py: error: dqn.py exited 2: {line}"
+
+    def fast(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        return {"charts/SPS": [(steps, 100.0, 1.0)]}, 1.0
+
+    monkeypatch.setattr(speed, "train", fast)
+    monkeypatch.setattr(speed, "ROOT", tmp_path)  # where the default table would go
+    speed.main(["--only", "ppo:CartPole-v1", "--env-seconds", "0.1", "--no-compile"])
+    assert (tmp_path / "benchmark" / "runs" / "speed.md").is_file() and not (tmp_path / "benchmark" / "results").exists()
