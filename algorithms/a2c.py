@@ -820,7 +820,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         fail(f"a2c.py handles Discrete and Box action spaces; {args.env_id} has {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
-        fail(f"a2c.py needs a vector or a (C, H, W) image observation; {args.env_id} has {obs_space}")
+        hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
+        fail(f"a2c.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     evaluates = args.eval_every > 0 or args.save_model
     refuse_meaningless(args, [
         # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead

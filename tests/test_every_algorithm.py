@@ -71,7 +71,7 @@ BAD_INPUT = {
         (["--total-timesteps", "100"], r"less than one rollout"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
-        (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
+        (["--env-id", "FrozenLake-v1"], r"image observation, and FrozenLake-v1 has Discrete\(16\); use qlearning.py"),
         (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
     ],
     "a2c": [
@@ -86,7 +86,7 @@ BAD_INPUT = {
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
         (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
         (["--resume", "A2C_MODEL"], r"is a final model, which has no optimiser state"),
-        (["--env-id", "FrozenLake-v1"], r"needs a vector or a \(C, H, W\) image observation"),
+        (["--env-id", "FrozenLake-v1"], r"image observation, and FrozenLake-v1 has Discrete\(16\); use qlearning.py"),
         # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
         (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
         (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
