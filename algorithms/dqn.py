@@ -1271,19 +1271,27 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
         WRITTEN["checkpoint"] = (path, state.get("global_step"))
 
 
+def unwritable(error: BaseException) -> bool:
+    """A write that failed for want of room or rights: a full disk, a read-only one, or a folder removed under the run."""
+    if not isinstance(error, OSError):
+        return False
+    name = os.fsdecode(error.filename) if error.filename else None
+    gone = error.errno == errno.ENOENT and name is not None and not os.path.isdir(os.path.dirname(name) or ".")
+    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or gone
+
+
 def run_main(main, args) -> None:
     """main(args); a write that fails mid-run for want of room or rights (the events, which tensorboard's thread writes,
     or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library."""
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
+    # the events' thread: its error reaches the main thread at the next scalar, and is said there once
+    threading.excepthook = lambda hook: None if unwritable(hook.exc_value) else threading.__excepthook__(hook)
     try:
         main(args)
     except OSError as error:
-        folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
-        path = os.fsdecode(error.filename) if error.filename else f"into {folder}"  # the events' thread names no file
-        gone = error.errno == errno.ENOENT and error.filename and not os.path.isdir(os.path.dirname(path))  # folder removed
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and not gone:
+        if not unwritable(error):
             raise
-        cannot_write(path, error, args)
+        folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
+        cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
 # checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one
@@ -1447,5 +1455,4 @@ def envpool_has(env_id: str) -> bool:
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    run_main(main, args)
+    run_main(main, parse_args())

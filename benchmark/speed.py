@@ -92,7 +92,7 @@ def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
 def train(algo, env_id, num_envs, steps, flags, processes: int = 1, threads: int | None = None) -> tuple[dict, float]:
     """One training run in a temporary folder: its logged scalars and the whole run's wall time in seconds. With
     processes > 1, under torchrun (gloo on the CPU); threads sets each process's OMP_NUM_THREADS. A run that fails
-    raises CalledProcessError; main and scaling end on it with the script's own last line (refused)."""
+    raises CalledProcessError, which main turns into the script's own last line."""
     with tempfile.TemporaryDirectory() as tmp:
         launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
         cmd = [sys.executable, *(launcher if processes > 1 else []), str(ROOT / "algorithms" / f"{algo}.py")]
@@ -121,11 +121,9 @@ def script_sps(logged: dict, flags: list[str]) -> tuple[float, str]:
     return np.mean([v for _, v, _ in logged["charts/policy_phase_SPS"]]), note
 
 
-def refused(crash: subprocess.CalledProcessError) -> str:
-    """speed.py's one line for a run that failed: the script's own last line (a refusal names its flag and the fix)."""
-    last = (crash.stderr or "").strip().splitlines() or ["no output"]
-    script = next((Path(c).name for c in crash.cmd if str(c).endswith(".py")), "the script")
-    return f"speed.py: error: {script} exited {crash.returncode}: {last[-1][:300]}"
+def last_line(crash: subprocess.CalledProcessError) -> str:
+    """What a failed run said last (a script's refusal names its flag and the fix)."""
+    return ((crash.stderr or "").strip().splitlines() or ["no output"])[-1]
 
 
 def late_sps(logged: dict) -> float:
@@ -160,8 +158,7 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
         try:
             logged, seconds = train(algo, env_id, num_envs, budget, [*flags, *extra])
         except subprocess.CalledProcessError as crash:  # the row keeps its eager figures and says why this cell has none
-            last = (crash.stderr or "").strip().splitlines() or ["no output"]
-            cells.append(f"crashed (exit {crash.returncode}): {last[-1][:150]}")
+            cells.append(f"crashed (exit {crash.returncode}): {last_line(crash)[:150]}")
             continue
         late = late_sps(logged)
         if not (np.isfinite(late) and np.isfinite(eager_late)):
@@ -196,10 +193,7 @@ def scaling(steps_scale: float, out: str) -> str:
     rows = []
     for algo, env_id, num_envs, steps, flags in SCALING:
         budget = max(int(steps * steps_scale), 1)
-        try:
-            runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
-        except subprocess.CalledProcessError as crash:
-            sys.exit(refused(crash))
+        runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
         (one, one_s), (two, two_s) = ((logged["charts/SPS"][-1][1], seconds) for logged, seconds in runs)
         cells = [f"{algo}.py", env_id, f"{num_envs}", f"{budget:,}", f"{one:,.0f} ({one_s:.0f} s)"]
         rows.append("| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |")
@@ -226,6 +220,16 @@ def scaling(steps_scale: float, out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
+    """The tables; a run that fails outside a compiled cell (e.g. a --steps-scale that leaves a script less than it
+    needs) ends speed.py in one line with the script's own reason."""
+    try:
+        return tables(argv)
+    except subprocess.CalledProcessError as crash:
+        script = next(Path(c).name for c in crash.cmd if str(c).endswith(".py"))
+        sys.exit(f"speed.py: error: {script} exited {crash.returncode}: {last_line(crash)[:300]}")
+
+
+def tables(argv: list[str] | None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="*", default=None, help="rows to measure, as ALGO or ALGO:ENV_ID (default: all)")
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every training budget (e.g. 0.1 to try)")
@@ -247,10 +251,7 @@ def main(argv: list[str] | None = None) -> str:
     rows, cuda = [], torch.cuda.is_available()
     for algo, env_id, num_envs, steps, flags in configs:
         budget = max(int(steps * args.steps_scale), 1)
-        try:
-            eager = train(algo, env_id, num_envs, budget, flags)
-        except subprocess.CalledProcessError as crash:  # e.g. a --steps-scale that leaves less than the script needs
-            sys.exit(refused(crash))
+        eager = train(algo, env_id, num_envs, budget, flags)
         learner, note = script_sps(eager[0], flags)
         compiled = ["-", "-"] if args.no_compile else compiled_cells(algo, env_id, num_envs, budget, flags, eager, cuda)
         bf16 = "-" if args.no_bf16 else bf16_cell(algo, env_id, num_envs, budget, flags, learner)
