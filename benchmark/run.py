@@ -45,9 +45,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     )
     p.add_argument("--name", default=None, help="benchmark folder name (default: <algo>_<unix time>)")
     p.add_argument("--out", default=str(ROOT / "benchmark" / "runs"), help="parent folder of benchmark folders")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at the same time")
+    p.add_argument("--jobs", type=int, default=None, help="runs at the same time (default: the cores; --resume: as before)")
     p.add_argument(
-        "--threads", type=int, default=1, help="OMP_NUM_THREADS per run (torch's threads spin when cores are shared)"
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS per run (default 1: torch spins when cores are shared; --resume: as before)",
     )
     p.add_argument("--status-interval", type=float, default=10.0, help="seconds between status views")
     p.add_argument(
@@ -63,9 +66,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         meta = json.loads((bench_dir / "bench.json").read_text())
         args.algo, args.env_ids, args.seeds, extra = meta["algo"], meta["env_ids"], len(meta["seeds"]), meta["extra_args"]
         args.start_seed = meta["seeds"][0]
+        args.jobs = meta.get("jobs") if args.jobs is None else args.jobs  # as the folder was started, unless given
+        args.threads = meta.get("threads") if args.threads is None else args.threads
     elif not args.algo or not args.env_ids:
         p.error("--algo and --env-ids are required (or --name and --resume to go on with a stopped benchmark)")
     args.seeds = 3 if args.seeds is None else args.seeds
+    args.jobs = (os.cpu_count() or 1) if args.jobs is None else args.jobs
+    args.threads = 1 if args.threads is None else args.threads
     args.start_seed = 1 if args.start_seed is None else args.start_seed
     script = ROOT / "algorithms" / f"{args.algo}.py"
     if not script.is_file():
@@ -173,6 +180,8 @@ def main(argv: list[str] | None = None) -> Path:
         "env_ids": args.env_ids,
         "seeds": list(range(args.start_seed, args.start_seed + args.seeds)),
         "extra_args": extra,
+        "jobs": args.jobs,
+        "threads": args.threads,
     }
     if args.resume:
         jobs = resumed_jobs(bench_dir)

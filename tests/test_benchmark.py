@@ -46,14 +46,16 @@ def test_runner_reports_a_crashed_run(tmp_path):
 
 
 def test_runner_start_seed_picks_the_seeds_and_resume_keeps_them(tmp_path, capsys):
+    """--resume keeps the seeds, and the runs at a time and their threads, unless given again."""
     flags = ["--algo", "ppo", "--env-ids", "NoSuchEnv-v0", "--out", str(tmp_path), "--name", "x", "--status-interval", "0"]
-    bench = run.main([*flags, "--seeds", "2", "--start-seed", "2", "--jobs", "2"])
+    bench = run.main([*flags, "--seeds", "2", "--start-seed", "2", "--jobs", "2", "--threads", "3"])
     assert json.loads((bench / "bench.json").read_text())["seeds"] == [2, 3]
     jobs = json.loads((bench / "status.json").read_text())
     assert [j["seed"] for j in jobs] == [2, 3] and [j["command"].split("--seed ")[1][0] for j in jobs] == ["2", "3"]
     resume = ["--name", "x", "--out", str(tmp_path), "--resume"]
     args, _ = run.parse_args(resume)
-    assert (args.start_seed, args.seeds) == (2, 2)
+    assert (args.start_seed, args.seeds, args.jobs, args.threads) == (2, 2, 2, 3)
+    assert run.parse_args([*resume, "--jobs", "1"])[0].jobs == 1
     for bad, message in (
         ([*flags, "--start-seed", "-1"], "--start-seed must be 0 or more"),
         ([*resume, "--start-seed", "2"], "pass only --name"),
