@@ -250,7 +250,7 @@ def main(args: Args) -> None:
         epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
         actions = select_actions(act, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
         t0 = time.perf_counter()
-        next_obs_np, reward, term, trunc, info = envs.step(actions)
+        next_obs_np, reward, term, trunc, info = finite_step(envs.step(actions), global_step)  # NaN/inf: one line
         env_seconds += time.perf_counter() - t0
 
         # --- step and store: the transition into the replay buffer, the finished episodes into the logs ---
@@ -278,7 +278,7 @@ def main(args: Args) -> None:
         last = global_step >= args.total_timesteps
         if crossed(global_step, N, args.log_every) or last:
             if num_updates:
-                td_loss, q_values = (stats / num_updates).tolist()
+                td_loss, q_values = check_training((stats / num_updates).tolist(), global_step)  # NaN/inf: one line
                 writer.add_scalar("losses/td_loss", td_loss, global_step)
                 writer.add_scalar("losses/q_values", q_values, global_step)
                 stats, num_updates = torch.zeros(2, device=device), 0
@@ -1154,6 +1154,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     if args.track:
         start_tracking(args, run_dir)
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    WRITTEN.setdefault("writers", []).append(writer)  # closed, so flushed, by a run that stops on a NaN (run_main)
     if resumed_at is None:
         table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -1262,6 +1263,9 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     layout = dict(format=CHECKPOINT_FORMAT, fields=sorted(state))
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **layout)
     marks["wandb_id"] = getattr(args, "wandb_id", None)  # with --track, the W&B run a resumed run goes on in
+    if (bad := non_finite(state)) is not None:  # the backstop: the loop's own checks stop a run before this
+        at = f" at step {state['global_step']:,}" if "global_step" in state else ""
+        raise NonFinite(f"{bad} holds a NaN or inf{at}, so no {kind} was written from it")
     try:
         torch.save({**marks, **state}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
@@ -1269,6 +1273,16 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
         cannot_write(path, error, args)
     if kind == "checkpoint":
         WRITTEN["checkpoint"] = (path, state.get("global_step"))
+
+
+def non_finite(state, name: str = "") -> str | None:
+    """The name of the first floating tensor or array with a NaN or inf in a checkpoint's (nested) state, or None."""
+    if isinstance(state, dict | list | tuple):
+        items = state.items() if isinstance(state, dict) else enumerate(state)
+        return next((bad for k, v in items if (bad := non_finite(v, f"{name}.{k}" if name else str(k)))), None)
+    if torch.is_tensor(state) and state.is_floating_point() and not torch.isfinite(state).all():
+        return name
+    return name if isinstance(state, np.ndarray) and state.dtype.kind == "f" and not np.isfinite(state).all() else None
 
 
 def unwritable(error: BaseException) -> bool:
@@ -1282,11 +1296,17 @@ def unwritable(error: BaseException) -> bool:
 
 def run_main(main, args) -> None:
     """main(args); a write that fails mid-run for want of room or rights (the events, which tensorboard's thread writes,
-    or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library."""
+    or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library, and
+    a NaN or inf met in the env's data or in training (NonFinite) in its own line, the events written up to it kept."""
     # the events' thread: its error reaches the main thread at the next scalar, and is said there once
     threading.excepthook = lambda hook: None if unwritable(hook.exc_value) else threading.__excepthook__(hook)
     try:
         main(args)
+    except NonFinite as error:
+        for writer in WRITTEN.get("writers", ()):
+            writer.close()
+        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except OSError as error:
         if not unwritable(error):
             raise
@@ -1294,8 +1314,53 @@ def run_main(main, args) -> None:
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
-# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one
-WRITTEN: dict[str, tuple[str, int | None]] = {}
+# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one; the writers
+WRITTEN: dict[str, typing.Any] = {}
+
+
+class NonFinite(ValueError):
+    """A NaN or inf in the env's data (finite_step) or in training (check_training): the run ends in one line (run_main)."""
+
+
+def finite_step(out: tuple, global_step: int) -> tuple:
+    """A vector env's step (observations, rewards, terminations, truncations, infos), passed on once its rewards and
+    observations are finite: a NaN or inf stops the run at the step it arrives, before anything learns from it, stores
+    it or saves it (Stable-Baselines3's VecCheckNan checks the same). The arrays are on the host already: a microsecond
+    each, and the search for the env only where one is not finite."""
+    for what, x in (("reward", out[1]), ("observation", out[0])):
+        if x.dtype.kind == "f" and not (rows := np.isfinite(x.reshape(len(x), -1))).all():
+            env = int(np.flatnonzero(~rows.all(axis=1))[0])
+            where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
+            value = x.reshape(len(x), -1)[env][~rows[env]][0]
+            raise NonFinite(f"the env's {what} is {value} at step {global_step:,} ({where}), and nothing learned from it")
+    return out
+
+
+def parameter_sum(*modules) -> torch.Tensor:
+    """The sum of every parameter, on the device (one element): NaN or inf once any parameter is, read with the losses at
+    the host sync an iteration makes anyway, for check_training."""
+    return torch.stack([p.detach().float().sum() for m in modules for p in m.parameters()]).sum().reshape(1)
+
+
+def check_training(values: dict | list, global_step: int) -> dict | list:
+    """An iteration's losses (and parameter sum), floats on the host, named or not, returned once finite: a NaN or inf
+    stops the run before a checkpoint or a model is written from such weights."""
+    for name, value in values.items() if isinstance(values, dict) else (("a loss", v) for v in values):
+        if not np.isfinite(value):
+            raise NonFinite(
+                f"training turned non-finite at step {global_step:,} ({name} {value}): a learning rate too large, or "
+                "rewards too large (scale them)"
+            )
+    return values
+
+
+def kept_checkpoint(args) -> str:
+    """What is left to go on from: the checkpoint on disk, its step and the command to resume from it, or none."""
+    kept, step = WRITTEN.get("checkpoint", (None, None))
+    if kept is None or not os.path.exists(kept):
+        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    at = f" (step {step:,})" if step is not None else ""
+    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
 
 
 def resume_command(args, run_dir: str) -> str:
@@ -1321,13 +1386,7 @@ def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
         cause = str(error).strip().splitlines()[0][:200]
     with contextlib.suppress(OSError):
         os.remove(f"{path}.tmp")
-    kept, step = WRITTEN.get("checkpoint", (None, None))
-    if kept is not None and os.path.exists(kept):
-        at = f" (step {step:,})" if step is not None else ""
-        left = f"the earlier {kept}{at} is intact; resume with: {resume_command(args, os.path.dirname(kept))}"
-    else:
-        left = "no earlier checkpoint to resume from (--checkpoint-every N writes one every N steps)"
-    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {left}", file=sys.stderr, flush=True)
+    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
     sys.exit(1)
 
 

@@ -192,7 +192,7 @@ def es_gradient(shaped: torch.Tensor, noise: torch.Tensor, sigma: float) -> torc
     return weights @ noise / (shaped.numel() * sigma)
 
 
-def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device):
+def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device, global_step: int = 0):
     """Each env plays one episode with its member's parameters, all in one batch; the steps after a member's done (a
     reset step, then a new episode) do not count. Returns (members, 2 + 2 obs_dim) float64 rows, what the processes
     exchange: return, length, the sums of the observations acted on and of their squares; and the env steps taken."""
@@ -209,7 +209,7 @@ def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.d
         x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
         with torch.no_grad():
             action = to_action(population_forward(layers, x), low, high).cpu().numpy()
-        obs, reward, term, trunc, _ = envs.step(action)
+        obs, reward, term, trunc, _ = finite_step(envs.step(action), global_step + steps + num)  # NaN/inf: one line
         steps += num
         fitness += np.where(alive, reward, 0.0)
         lengths += alive
@@ -253,7 +253,7 @@ def main(args: Args) -> None:
 
         # --- evaluate the population: one episode per member, the slice in one batch; env i plays first_member + i ---
         envs = make_env(args.env_id, members, generation_env_seed(args.seed, generation) + first_member)
-        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device)
+        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device, global_step)
         envs.close()
         # torchrun: the processes exchange fitness, length and observation sums per member, nothing else
         results = gather_rows(torch.as_tensor(results, device=device), args.world_size)
@@ -267,10 +267,11 @@ def main(args: Args) -> None:
         optimizer.step()
         if obs_rms is not None:  # the next generation's statistics, from every member's real steps
             update_from_sums(obs_rms, results[:, 2 : 2 + obs_dim].sum(0), results[:, 2 + obs_dim :].sum(0), lengths.sum())
-        host = torch.cat([fitness, lengths, grad.norm().double()[None]]).cpu().numpy()  # one host sync per generation
-        P = args.population_size
-        ep_returns, ep_lengths, grad_norm = host[:P], host[P : 2 * P], host[-1]
+        host = torch.cat([fitness, lengths, grad.norm().double()[None], theta.detach().sum().double()[None]]).cpu().numpy()
+        P = args.population_size  # one host sync per generation, above; a NaN or inf in the gradient or theta: one line
+        ep_returns, ep_lengths, (grad_norm, theta_sum) = host[:P], host[P : 2 * P], host[-2:]
         global_step += int(ep_lengths.sum())
+        check_training({"grad norm": grad_norm, "parameter sum": theta_sum}, global_step)
 
         # --- logging (process 0): every member's episode, then the generation's aggregates ---
         if rank == 0:
@@ -1090,6 +1091,7 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     if args.track:
         start_tracking(args, run_dir)
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    WRITTEN.setdefault("writers", []).append(writer)  # closed, so flushed, by a run that stops on a NaN (run_main)
     if resumed_at is None:
         table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -1198,6 +1200,9 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     layout = dict(format=CHECKPOINT_FORMAT, fields=sorted(state))
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **layout)
     marks["wandb_id"] = getattr(args, "wandb_id", None)  # with --track, the W&B run a resumed run goes on in
+    if (bad := non_finite(state)) is not None:  # the backstop: the loop's own checks stop a run before this
+        at = f" at step {state['global_step']:,}" if "global_step" in state else ""
+        raise NonFinite(f"{bad} holds a NaN or inf{at}, so no {kind} was written from it")
     try:
         torch.save({**marks, **state}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
@@ -1205,6 +1210,16 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
         cannot_write(path, error, args)
     if kind == "checkpoint":
         WRITTEN["checkpoint"] = (path, state.get("global_step"))
+
+
+def non_finite(state, name: str = "") -> str | None:
+    """The name of the first floating tensor or array with a NaN or inf in a checkpoint's (nested) state, or None."""
+    if isinstance(state, dict | list | tuple):
+        items = state.items() if isinstance(state, dict) else enumerate(state)
+        return next((bad for k, v in items if (bad := non_finite(v, f"{name}.{k}" if name else str(k)))), None)
+    if torch.is_tensor(state) and state.is_floating_point() and not torch.isfinite(state).all():
+        return name
+    return name if isinstance(state, np.ndarray) and state.dtype.kind == "f" and not np.isfinite(state).all() else None
 
 
 def unwritable(error: BaseException) -> bool:
@@ -1218,11 +1233,17 @@ def unwritable(error: BaseException) -> bool:
 
 def run_main(main, args) -> None:
     """main(args); a write that fails mid-run for want of room or rights (the events, which tensorboard's thread writes,
-    or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library."""
+    or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library, and
+    a NaN or inf met in the env's data or in training (NonFinite) in its own line, the events written up to it kept."""
     # the events' thread: its error reaches the main thread at the next scalar, and is said there once
     threading.excepthook = lambda hook: None if unwritable(hook.exc_value) else threading.__excepthook__(hook)
     try:
         main(args)
+    except NonFinite as error:
+        for writer in WRITTEN.get("writers", ()):
+            writer.close()
+        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except OSError as error:
         if not unwritable(error):
             raise
@@ -1230,8 +1251,53 @@ def run_main(main, args) -> None:
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
-# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one
-WRITTEN: dict[str, tuple[str, int | None]] = {}
+# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one; the writers
+WRITTEN: dict[str, typing.Any] = {}
+
+
+class NonFinite(ValueError):
+    """A NaN or inf in the env's data (finite_step) or in training (check_training): the run ends in one line (run_main)."""
+
+
+def finite_step(out: tuple, global_step: int) -> tuple:
+    """A vector env's step (observations, rewards, terminations, truncations, infos), passed on once its rewards and
+    observations are finite: a NaN or inf stops the run at the step it arrives, before anything learns from it, stores
+    it or saves it (Stable-Baselines3's VecCheckNan checks the same). The arrays are on the host already: a microsecond
+    each, and the search for the env only where one is not finite."""
+    for what, x in (("reward", out[1]), ("observation", out[0])):
+        if x.dtype.kind == "f" and not (rows := np.isfinite(x.reshape(len(x), -1))).all():
+            env = int(np.flatnonzero(~rows.all(axis=1))[0])
+            where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
+            value = x.reshape(len(x), -1)[env][~rows[env]][0]
+            raise NonFinite(f"the env's {what} is {value} at step {global_step:,} ({where}), and nothing learned from it")
+    return out
+
+
+def parameter_sum(*modules) -> torch.Tensor:
+    """The sum of every parameter, on the device (one element): NaN or inf once any parameter is, read with the losses at
+    the host sync an iteration makes anyway, for check_training."""
+    return torch.stack([p.detach().float().sum() for m in modules for p in m.parameters()]).sum().reshape(1)
+
+
+def check_training(values: dict | list, global_step: int) -> dict | list:
+    """An iteration's losses (and parameter sum), floats on the host, named or not, returned once finite: a NaN or inf
+    stops the run before a checkpoint or a model is written from such weights."""
+    for name, value in values.items() if isinstance(values, dict) else (("a loss", v) for v in values):
+        if not np.isfinite(value):
+            raise NonFinite(
+                f"training turned non-finite at step {global_step:,} ({name} {value}): a learning rate too large, or "
+                "rewards too large (scale them)"
+            )
+    return values
+
+
+def kept_checkpoint(args) -> str:
+    """What is left to go on from: the checkpoint on disk, its step and the command to resume from it, or none."""
+    kept, step = WRITTEN.get("checkpoint", (None, None))
+    if kept is None or not os.path.exists(kept):
+        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    at = f" (step {step:,})" if step is not None else ""
+    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
 
 
 def resume_command(args, run_dir: str) -> str:
@@ -1257,13 +1323,7 @@ def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
         cause = str(error).strip().splitlines()[0][:200]
     with contextlib.suppress(OSError):
         os.remove(f"{path}.tmp")
-    kept, step = WRITTEN.get("checkpoint", (None, None))
-    if kept is not None and os.path.exists(kept):
-        at = f" (step {step:,})" if step is not None else ""
-        left = f"the earlier {kept}{at} is intact; resume with: {resume_command(args, os.path.dirname(kept))}"
-    else:
-        left = "no earlier checkpoint to resume from (--checkpoint-every N writes one every N steps)"
-    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {left}", file=sys.stderr, flush=True)
+    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
     sys.exit(1)
 
 

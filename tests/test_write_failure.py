@@ -62,8 +62,8 @@ def test_a_checkpoint_that_meets_a_full_disk_stops_in_one_line_and_keeps_the_ear
     step, env_id = ckpt["global_step"], ckpt["args"]["env_id"]
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"{name}.py: error: cannot write {kept}: No space left on device; the earlier {kept} (step {step:,}) is intact; "
-        f"resume with: python {sys.argv[0]} --env-id {env_id} --resume {kept}"
+        f"{name}.py: error: cannot write {kept}: No space left on device; the last checkpoint, {kept} (step {step:,}), is as "
+        f"it was; resume from it with: python {sys.argv[0]} --env-id {env_id} --resume {kept}"
     ]
     assert not list(tmp_path.rglob("*.tmp"))
 
@@ -85,7 +85,7 @@ def test_an_unwritable_folder_is_named_with_its_cause_and_no_checkpoint_yet(tmp_
     model = os.path.join(os.path.relpath(only_run(tmp_path), tmp_path), "ppo.model")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"ppo.py: error: cannot write {model}: Read-only file system; no earlier checkpoint to resume from "
+        f"ppo.py: error: cannot write {model}: Read-only file system; no checkpoint to resume from "
         "(--checkpoint-every N writes one every N steps)"
     ]
 
@@ -118,7 +118,7 @@ def test_a_real_full_tmpfs_leaves_the_earlier_checkpoint_which_resumes(tmp_path)
         # the events' thread or the checkpoint meets the full disk first, whichever writes next
         what, cause = last.split(": No space left on device; ")
         assert what.startswith("ppo.py: error: cannot write ") and os.path.relpath(run, disk) in what, last
-        assert cause.startswith(f"the earlier {kept} (step 1,024) is intact; resume with: python "), last
+        assert cause.startswith(f"the last checkpoint, {kept} (step 1,024), is as it was; resume from it with: python "), last
         assert proc.stderr.strip().splitlines() == [last] and not list(disk.rglob("*.tmp"))
         os.remove(disk / "fill")
         step = load_file(run / "checkpoint.pt")["global_step"]

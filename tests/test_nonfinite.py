@@ -1,0 +1,87 @@
+"""An env whose reward or observation turns NaN or inf, and a run whose training turns non-finite, stop in one line in
+every file that runs gymnasium envs: what went bad, where, and the checkpoint still on disk with the command that
+resumes from it; exit status 1, no traceback, and no NaN or inf in any checkpoint or model under the run folder."""
+
+import os
+import shlex
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CPU, ROOT, SMOKE_FLAGS, load_file, only_run, run_algorithm
+
+# each file's short run, checkpointed before the envs of tests/bad_data_envs.py go bad at their BAD_FROM-th step
+RUNS = {
+    "ppo": ["--total-timesteps", "4096", "--checkpoint-every", "512"],
+    "a2c": ["--total-timesteps", "4096", "--checkpoint-every", "512"],
+    "dqn": ["--total-timesteps", "4096", *SMOKE_FLAGS["dqn"], "--checkpoint-every", "512"],
+    "ddpg_td3": ["--total-timesteps", "2048", *SMOKE_FLAGS["ddpg_td3"], "--checkpoint-every", "512"],
+    "es": ["--population-size", "16", "--num-generations", "4", "--checkpoint-every", "1"],
+    "qlearning": ["--total-timesteps", "4096", "--checkpoint-every", "512"],
+}
+BAD_FROM = "1200"  # env steps of the process, over every env; es.py's generations take 16 x 50
+
+
+def bad_env_vars(**variables: str) -> dict:
+    return {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]), **variables}
+
+
+def run(name: str, env_id: str, cwd, *flags: str, **variables: str):
+    env = bad_env_vars(**{"BAD_FROM": BAD_FROM, **variables})
+    box = "Box" if name == "ddpg_td3" else ""
+    args = ["--env-id", f"bad_data_envs:{env_id}{box}-v0", *RUNS[name], "--progress-interval", "0", CPU, *flags]
+    return run_algorithm(name, *args, cwd=cwd, check=False, env=env)
+
+
+def non_finite(state, name=""):
+    """The first floating tensor or array with a NaN or inf in a saved file's state, by name, or None."""
+    if isinstance(state, dict | list | tuple):
+        items = state.items() if isinstance(state, dict) else enumerate(state)
+        return next((bad for k, v in items if (bad := non_finite(v, f"{name}.{k}"))), None)
+    if torch.is_tensor(state) and state.is_floating_point() and not torch.isfinite(state).all():
+        return name
+    return name if isinstance(state, np.ndarray) and state.dtype.kind == "f" and not np.isfinite(state).all() else None
+
+
+def one_line_and_clean_files(name: str, proc, cwd, what: tuple[str, ...]) -> str:
+    """The run's one line, checked: exit 1, no traceback, the line names one of `what`, and every saved file is finite."""
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"{name}.py: error: ") and any(w in line for w in what), line
+    for path in only_run(cwd).rglob("*"):
+        if path.suffix in (".pt", ".model"):
+            assert non_finite(load_file(path)) is None, f"{path} holds a NaN or inf"
+    assert not list(cwd.rglob("*.tmp"))
+    return line
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_bad_env_data_stops_at_its_step_and_the_checkpoint_before_resumes(name, tmp_path):
+    for env_id, what in (("NanReward", "the env's reward is nan"), ("InfObs", "the env's observation is inf")):
+        cwd = tmp_path / env_id
+        cwd.mkdir()
+        line = one_line_and_clean_files(name, run(name, env_id, cwd), cwd, (what,))
+        step = int(line.split(" at step ")[1].split(" ")[0].replace(",", ""))
+        assert int(BAD_FROM) <= step < int(BAD_FROM) + 1000, line  # the step it arrived at, not an iteration later
+        kept, resume = line.split("the last checkpoint, ")[1].split("; resume from it with: ")
+        path, at = kept.split(" (step ")
+        assert int(at.split(")")[0].replace(",", "")) == load_file(cwd / path)["global_step"] < step
+    # the command in the line resumes the kept checkpoint, and the run ends well once the env is sound again
+    command = shlex.split(resume)
+    assert command[0] == "python" and command[command.index("--resume") + 1] == path
+    proc = run_algorithm(name, *command[2:], CPU, cwd=cwd, check=False, env=bad_env_vars(BAD_FROM=str(10**9)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_training_that_turns_non_finite_stops_before_anything_is_saved_from_it(name, tmp_path):
+    """Rewards of 1e30 overflow the float32 losses; qlearning.py's table is float64, so there they are 1e307 (and numpy's
+    own overflow warning from the episode's return is let be); es.py's centred ranks make it immune to the reward's
+    scale, so there the learning rate is made absurd instead, from the start."""
+    variables = dict(HUGE="1e307", PYTHONWARNINGS="ignore::RuntimeWarning") if name == "qlearning" else {}
+    variables = dict(BAD_FROM="0") if name == "es" else variables
+    flags = ["--learning-rate", "1e30"] if name == "es" else []
+    proc = run(name, "HugeReward", tmp_path, *flags, **variables)
+    one_line_and_clean_files(name, proc, tmp_path, ("training turned non-finite", "holds a NaN or inf"))
