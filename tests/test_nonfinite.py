@@ -13,12 +13,12 @@ from conftest import CPU, ROOT, SMOKE_FLAGS, load_file, only_run, run_algorithm
 
 # each file's short run, checkpointed before the envs of tests/bad_data_envs.py go bad at their BAD_FROM-th step
 RUNS = {
-    "ppo": ["--total-timesteps", "4096", "--checkpoint-every", "512"],
-    "a2c": ["--total-timesteps", "4096", "--checkpoint-every", "512"],
-    "dqn": ["--total-timesteps", "4096", *SMOKE_FLAGS["dqn"], "--checkpoint-every", "512"],
+    "ppo": ["--total-timesteps", "2048", "--checkpoint-every", "512"],
+    "a2c": ["--total-timesteps", "2048", "--checkpoint-every", "512"],
+    "dqn": ["--total-timesteps", "2048", *SMOKE_FLAGS["dqn"], "--checkpoint-every", "512"],
     "ddpg_td3": ["--total-timesteps", "2048", *SMOKE_FLAGS["ddpg_td3"], "--checkpoint-every", "512"],
     "es": ["--population-size", "16", "--num-generations", "4", "--checkpoint-every", "1"],
-    "qlearning": ["--total-timesteps", "4096", "--checkpoint-every", "512"],
+    "qlearning": ["--total-timesteps", "2048", "--checkpoint-every", "512"],
 }
 BAD_FROM = "1200"  # env steps of the process, over every env; es.py's generations take 16 x 50
 
