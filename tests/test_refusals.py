@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from test_write_failure import CHECKPOINTED
 
 from conftest import (
     CPU,
@@ -57,10 +58,25 @@ def test_a_crafted_checkpoint_is_refused_and_nothing_in_it_runs(name, tmp_path):
 
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_a_crafted_model_file_is_refused_and_nothing_in_it_runs(name, tmp_path):
-    """A model file is read by the same loader as a checkpoint (the final evaluation reloads it from disk)."""
+    """The final evaluation reloads the saved model from disk: a short --save-model run whose model file is swapped for
+    a crafted one as it is written refuses it there, by the path a run takes (not by calling the loader directly)."""
     marker = tmp_path / "written_by_the_model"
-    path = crafted(name, "model", tmp_path / f"{name}.model", marker)
-    proc = run_in_process(name, lambda m: m.load_checkpoint(path, m.Args.env_id, kind="model"), tmp_path)
+    flags = list(CHECKPOINTED[name])  # test_write_failure.py's short run of each file, without its checkpoints
+    del flags[flags.index("--checkpoint-every") : flags.index("--checkpoint-every") + 2]
+
+    def call(module):
+        real_save = module.save_checkpoint
+
+        def save(path, kind, *args, **kwargs):
+            crafted(name, "model", path, marker) if kind == "model" else real_save(path, kind, *args, **kwargs)
+
+        module.save_checkpoint = save
+        try:
+            module.main(module.parse_args([*flags, "--save-model", "--progress-interval", "0", CPU]))
+        finally:
+            module.save_checkpoint = real_save
+
+    proc = run_in_process(name, call, tmp_path)
     assert_one_error_line(name, proc, r"holds io\.open beside tensors and plain values.*nothing in it ran")
     assert not marker.exists()
 
