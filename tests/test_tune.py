@@ -54,6 +54,7 @@ def test_a_study_runs_its_trials_two_at_a_time_and_scores_each_on_its_runs(tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = load(tmp_path, name).trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
+    assert trials[1].datetime_start < trials[0].datetime_complete  # two at a time: the second began before the first ended
     for t in trials:  # the value, computed here from the events each run logged
         cartpole = (last_returns(run_dir(tmp_path, name, t.number)) - 25) / 450
         acrobot = (last_returns(run_dir(tmp_path, name, t.number, "Acrobot-v1")) + 500) / 400
@@ -132,9 +133,23 @@ def test_a_trial_that_does_not_learn_is_pruned_while_it_runs(tmp_path):
     assert [t.params["learning-rate"] for t in trials] == [2.5e-3, 3e-3, 1e-9]
     assert list(trials[2].intermediate_values) == [1] and len(trials[0].intermediate_values) == 16
     assert trials[2].intermediate_values[1] < min(t.intermediate_values[1] for t in trials[:2])
-    logged = scalars(run_dir(tmp_path, "ppo_CartPole-v1", 2))
+    pruned = run_dir(tmp_path, "ppo_CartPole-v1", 2)
+    assert not processes_in(pruned.parent.parent), "the pruned trial's run is still going after the study ended"
+    logged = scalars(pruned)  # read once its process is gone, so that nothing more is coming
     assert 1024 < max(points[-1][0] for points in logged.values()) < 16384
     assert "trial 3/3 (#2) PRUNED" in proc.stdout
+
+
+def processes_in(folder: Path) -> list[int]:
+    """The processes whose working folder is `folder` or below it (a trial's runs work in their own folders)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(folder.resolve()):
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
 
 
 def test_a_run_that_refuses_its_flags_stops_the_study(tmp_path):
