@@ -278,6 +278,8 @@ class Tuner:
         self.args, self.extra, self.fields, self.study_dir = args, extra, fields, study_dir
         self.stop: Stop | None = None
         self.stopping = threading.Event()
+        # the finished trials' count for the progress line, under a lock: two trials that end together each take their own
+        self.finished, self.lock = 0, threading.Lock()
         # the runs share the cores: more torch threads than cores only spin (CONTRIBUTING.md); an OMP_NUM_THREADS
         # given to the tuner caps each run's, for a machine that other work shares
         threads = max(1, (os.cpu_count() or 1) // (args.workers * len(args.env_ids) * args.seeds))
@@ -374,7 +376,9 @@ class Tuner:
 
     def progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """The line printed as each trial ends: finished count, its state and value, the best so far."""
-        done = len(study.get_trials(deepcopy=False, states=FINISHED))
+        with self.lock:
+            self.finished += trial.state in FINISHED
+            done = self.finished
         value = f" value {trial.value:.4g}" if trial.value is not None else ""
         best = max(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value, default=None)
         best = f" (best {best.value:.4g} at #{best.number})" if best else ""
@@ -414,12 +418,16 @@ def summarise(study: optuna.Study, tuner: Tuner) -> None:
         rows.append("| " + " | ".join(cells) + " |")
     (study_dir / "trials.md").write_text(f"# Study {study.study_name}\n\n" + "\n".join(rows) + "\n")
     plot_optimization_history(study).figure.savefig(study_dir / "history.png", bbox_inches="tight")
-    try:
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    varied = any(len({repr(t.params.get(n)) for t in complete}) > 1 for n in names)
+    (study_dir / "importances.png").unlink(missing_ok=True)  # none from an earlier summary outlives its study's state
+    if len(complete) >= 2 and varied:
         plot_param_importances(study).figure.savefig(study_dir / "importances.png", bbox_inches="tight")
-    except (ValueError, RuntimeError) as e:  # fewer than 2 complete trials, or parameters that never varied
-        print(f"no importances.png: {e}")
+    else:
+        print("no importances.png: it needs two complete trials whose parameters differ")
     plt.close("all")
-    print(f"study folder: {study_dir} (trials.md, history.png, importances.png, runs/)")
+    written = "trials.md, history.png" + (", importances.png" if (study_dir / "importances.png").is_file() else "")
+    print(f"study folder: {study_dir} ({written}, runs/)")
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -454,6 +462,7 @@ def main(argv: list[str] | None = None) -> Path:
     for params in args.enqueued:
         study.enqueue_trial(params, skip_if_exists=True)
     tuner = Tuner(args, extra, fields, study_dir)
+    tuner.finished = len(study.get_trials(deepcopy=False, states=FINISHED))
 
     # Ctrl-C and SIGTERM only ask: each trial kills its runs and fails, and no storage write is cut in half
     def interrupt(*_):

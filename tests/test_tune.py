@@ -55,6 +55,7 @@ def test_a_study_runs_its_trials_two_at_a_time_and_scores_each_on_its_runs(tmp_p
     trials = load(tmp_path, name).trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE] * 3
     assert trials[1].datetime_start < trials[0].datetime_complete  # two at a time: the second began before the first ended
+    assert re.findall(r"^trial (\d)/3 ", proc.stdout, re.M) == ["1", "2", "3"]  # each count once, however they end
     for t in trials:  # the value, computed here from the events each run logged
         cartpole = (last_returns(run_dir(tmp_path, name, t.number)) - 25) / 450
         acrobot = (last_returns(run_dir(tmp_path, name, t.number, "Acrobot-v1")) + 500) / 400
@@ -71,6 +72,14 @@ def test_a_study_runs_its_trials_two_at_a_time_and_scores_each_on_its_runs(tmp_p
     again = tune(*args, out=tmp_path)
     assert again.returncode == 0 and "to run" not in again.stdout and f"--learning-rate {lr}" in again.stdout
     assert len(load(tmp_path, name).trials) == 3
+
+
+def test_a_one_trial_study_says_why_it_has_no_importances(tmp_path):
+    """Parameter importances need two complete trials whose parameters differ: one trial writes none, with a note."""
+    proc = tune(*STUDY, "--trials", "1", "--", *TINY, out=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no importances.png: it needs two complete trials whose parameters differ" in proc.stdout
+    assert not (tmp_path / "ppo_CartPole-v1" / "importances.png").exists() and "(trials.md, history.png, runs/)" in proc.stdout
 
 
 def session_pids(sid: int) -> list[int]:
