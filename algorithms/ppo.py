@@ -1201,11 +1201,13 @@ import random
 import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
 import types
 import typing
+import urllib.parse
 import warnings
 
 import numpy as np
@@ -1213,9 +1215,8 @@ import torch
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
-# envpool registers every env family it has when it is imported (0.9 s on a 2-core machine, most of it families a run
-# never uses: Jumanji's renderer alone loads matplotlib); these files register them one at a time, up to the run's env's
-# (envpool_has, at the end of this block); the machinery above uses the name envpool bound here
+# envpool registers every env family it has on import (0.9 s on 2 cores, Jumanji's renderer alone loads matplotlib);
+# these files register them one at a time, up to the run's env's (envpool_has, at the end of this block)
 sys.modules.setdefault("envpool.entry", types.ModuleType("envpool.entry"))
 import envpool
 
@@ -1223,12 +1224,14 @@ import envpool
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
 
 SCRIPT = os.path.basename(__file__)
+# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one; the writers
+WRITTEN: dict[str, typing.Any] = {}
 
 
 @dataclasses.dataclass
 class Tracking:
-    """The shared block's own flags, which every script's Args gains below (after its own, in --help): Args, above the
-    marker, holds what a learner reads, and experiment tracking is plumbing."""
+    """The shared block's own flags, which every script's Args gains below, after its own (a dataclass takes its bases'
+    fields from the last base to the first)."""
 
     track: bool = False
     """send the run to Weights & Biases: tensorboard scalars, arguments, code, captured videos (WANDB_MODE=offline works)"""
@@ -1240,15 +1243,12 @@ class Tracking:
     """tags of the W&B run, with --track"""
 
 
-# Args and Tracking's fields in one dataclass, named Args as the script's (a dataclass takes its bases' fields from the
-# last base to the first: the script's own flags come first)
 Args = dataclasses.dataclass(type("Args", (Tracking, Args), {"__doc__": Args.__doc__}))
 
 
 def fail(message: str):
-    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's. Under
-    torchrun every process checks the same input, and the first process of each machine says it (LOCAL_RANK 0)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
+    """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun, every process checks: the first of each machine says it
         print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
     else:  # torchrun ends a job's other processes when one exits: first let process 0, which checks the same, say it
         time.sleep(3)
@@ -1256,8 +1256,7 @@ def fail(message: str):
 
 
 def parse_args(argv: list[str] | None = None) -> Args:
-    """The command line over the chosen preset's defaults (so --help shows the values a run will use), each numeric
-    flag checked against RANGES; with --resume, the checkpoint's arguments."""
+    """The command line over the chosen preset's defaults (which --help shows), checked; with --resume, the checkpoint's."""
     argv = sys.argv[1:] if argv is None else list(argv)
     defaults = preset_defaults(argv)
     one_line_help(Args)
@@ -1270,25 +1269,18 @@ def parse_args(argv: list[str] | None = None) -> Args:
         if e.code:
             fail(tyro_error_line(captured.getvalue()))
         raise
-    args.typed = typed_flags(argv)  # not a field: neither saved in checkpoints nor shown as a hyperparameter
+    # the flags typed ('--name v', '--name=v', '--no-name'), as against defaults; not a field, so neither saved nor shown
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+    args.typed = frozenset((names | {n[3:] for n in names if n.startswith("no_")}) & fields)
     check_ranges(args)
     args = resumed_args(args) if args.resume else args
-    check_video_writer(args)
-    check_tracking(args)
+    check_extras(args)
     return args
 
 
-def typed_flags(argv: list[str]) -> frozenset[str]:
-    """The fields of Args whose flags are on the command line ('--name v', '--name=v', '--no-name' for a boolean), dashes
-    or underscores: what the user asked for, as against a default. check_args refuses the ones a run would ignore."""
-    fields = {f.name for f in dataclasses.fields(Args)}
-    names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    return frozenset(n for n in names if n in fields) | frozenset(n[3:] for n in names if n[:3] == "no_" and n[3:] in fields)
-
-
 def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
-    """Each rule is (flags, whether this run makes them meaningless, why): a flag of a rule that holds, typed on the
-    command line with whatever value (its default included), is refused in one line, rather than silently ignored."""
+    """Each rule is (flags, whether this run makes them meaningless, why): such a flag, typed with any value, is refused."""
     for names, holds, why in rules:
         typed = [name for name in names if holds and name in getattr(args, "typed", ())]
         if typed:
@@ -1296,9 +1288,8 @@ def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]
 
 
 def one_line_help(cls: type) -> None:
-    """Each field's docstring, joined into one line, as its --help text: tyro keeps every line break of an indented
-    docstring, which would cut sentences in two, while its help box wraps a single line at the terminal's width. The
-    docstrings are read from the classes Args is made of (the script's own, and Tracking)."""
+    """Each field's docstring (read from the classes Args is made of) joined into one line as its --help text: tyro keeps
+    an indented docstring's line breaks, which cut sentences in two, while its help box wraps one line to fit."""
     types = {f.name: f.type for f in dataclasses.fields(cls)}  # as written: a second call wraps nothing twice
     body = [node for part in cls.__bases__ for node in ast.parse(inspect.getsource(part)).body[0].body]
     for field, doc in zip(body, body[1:], strict=False):
@@ -1346,24 +1337,15 @@ def check_ranges(args: Args) -> None:
         fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
 
 
-def check_video_writer(args: Args) -> None:
-    """--capture-video (where a script has it) writes MP4s through imageio's ffmpeg plugin (imageio-ffmpeg ships ffmpeg).
-    Without it imageio picks another format's writer and fails at the first video, after the training before it: the
-    plugin is looked for before the run starts."""
-    if not getattr(args, "capture_video", False):
-        return
-    if any(importlib.util.find_spec(name) is None for name in ("imageio", "imageio_ffmpeg")):
+def check_extras(args: Args) -> None:
+    """Before the run: --capture-video needs imageio's ffmpeg plugin (else the first video fails, after the training before
+    it); --track needs wandb and, for process 0, its server, unless WANDB_MODE keeps the run on disk."""
+    video_packages = ("imageio", "imageio_ffmpeg") if getattr(args, "capture_video", False) else ()
+    if any(importlib.util.find_spec(name) is None for name in video_packages):
         fail(
             "--capture-video writes MP4s with imageio and its ffmpeg plugin, which this Python lacks; "
             "run pip install 'imageio[ffmpeg]', or leave out --capture-video"
         )
-
-
-def check_tracking(args: Args) -> None:
-    """--track sends the run to Weights & Biases, which is imported only then. What can be known before the run directory
-    is made is checked here: the other W&B flags need --track, wandb must be installed, and process 0 (the one that
-    talks to W&B) must reach its server unless WANDB_MODE keeps the run on disk. A key that W&B refuses is its
-    answer to wandb.init, in start_tracking."""
     if not args.track:
         refuse_meaningless(args, [(("wandb_project_name", "wandb_entity", "wandb_tags"), True, "needs --track")])
         return
@@ -1371,9 +1353,6 @@ def check_tracking(args: Args) -> None:
         fail("--track sends the run to Weights & Biases, and this Python lacks wandb; pip install wandb, or leave out --track")
     if os.environ.get("RANK", "0") != "0" or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
         return
-    import socket
-    import urllib.parse
-
     url = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
     try:  # a machine without network would otherwise wait out wandb.init's retries (90 s) before it fails
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=10).close()
@@ -1384,10 +1363,8 @@ def check_tracking(args: Args) -> None:
         )
 
 
-# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes, nothing
-# that changes what it learns from or how. A longer --total-timesteps (or --num-generations) extends a finished or
-# stopped run; schedules over the run's length (a learning rate or exploration annealed to its end) follow the new length
-# from the step the run resumes at, as if the run had been started with it.
+# The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes. A longer
+# run follows its schedules (a learning rate annealed to the end) to the new length, as if it had been started with it.
 RESUMABLE = (
     "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
     "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
@@ -1396,14 +1373,11 @@ RESUMABLE = (
 
 
 def resumed_args(args: Args) -> Args:
-    """--resume goes on with the checkpoint's arguments. A flag in RESUMABLE typed beside it is applied, and said; any
-    other typed flag whose value differs from the checkpoint's is refused in one line (the same value is accepted)."""
+    """--resume goes on with the checkpoint's arguments: a typed flag in RESUMABLE is applied, another that differs refused."""
     state = load_checkpoint(args.resume, args.env_id)
     defaults = {f.name: f.default for f in dataclasses.fields(Args)}
-    fields = list(defaults)
     saved = {**defaults, **state["args"]}  # a field newer than the checkpoint: the run it holds had its default
-    changes = {}
-    for name in sorted(args.typed - {"resume"}, key=fields.index):
+    for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
         if value == saved[name]:
             continue
@@ -1419,18 +1393,17 @@ def resumed_args(args: Args) -> Args:
                 f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
                 f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
             )
-        changes[name] = value
         if os.environ.get("RANK", "0") == "0":
             print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
-    resumed = Args(**{**{k: v for k, v in saved.items() if k in fields}, **changes, "resume": args.resume})
+        saved[name] = value
+    resumed = Args(**{**{k: v for k, v in saved.items() if k in defaults}, "resume": args.resume})
     resumed.typed = args.typed
     resumed.wandb_id = state.get("wandb_id")  # the W&B run that a tracked run goes on in (not a field, as typed)
     return resumed
 
 
 def new_run_name(args: Args) -> str:
-    safe_id = args.env_id.replace("/", "-").replace(":", "-")
-    return f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
 def make_run_dir(run_name: str) -> str:
@@ -1438,8 +1411,7 @@ def make_run_dir(run_name: str) -> str:
     run_dir = os.path.join("runs", run_name)
     try:
         os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, ".writable"), "w"):
-            pass
+        open(os.path.join(run_dir, ".writable"), "w").close()
         os.remove(os.path.join(run_dir, ".writable"))
     except OSError as e:
         fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
@@ -1455,8 +1427,7 @@ def seed_and_device(args: Args) -> torch.device:
 
 
 def say_device(device: torch.device, share: str = "") -> None:
-    """A run's first line: where it trains (CUDA when present; --no-cuda keeps a run on the CPU); under torchrun, how many
-    processes on how many machines train together, and what each one steps (`share`, said by the algorithm)."""
+    """A run's first line: where it trains; under torchrun, how many processes on how many machines, each `share`."""
     threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -1466,8 +1437,7 @@ def say_device(device: torch.device, share: str = "") -> None:
 
 
 def memory_free(device: torch.device) -> int:
-    """Bytes a new allocation can take: the GPU's free memory, or the host's MemAvailable (free RAM and the caches
-    the kernel can drop); all of RAM where /proc/meminfo is missing."""
+    """Bytes a new allocation can take: the GPU's free memory, or the host's MemAvailable (all of RAM without it)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
@@ -1478,10 +1448,9 @@ def memory_free(device: torch.device) -> int:
 
 
 def env_pool_bytes(env_id: str, num_envs: int) -> int:
-    """The host memory of the env pool itself, as measured with envpool 1.2 (resident memory after 50 random steps of
-    16 and 128 envs), in MiB per env and once per pool: Atari 1.25 (the emulator and its frame stack), Procgen 0.8 (0.4
-    to 1.2 by game) after 345 of assets, classic control and toy text 0.008; MuJoCo 0.8, taken for every other
-    family; a gymnasium env, which envpool does not have, 0.064 (a guess)."""
+    """The env pool's host memory as measured with envpool 1.2 (resident after 50 random steps of 16 and 128 envs), MiB per
+    env and once per pool: Atari 1.25 (emulator and frame stack), Procgen 0.8 (0.4 to 1.2 by game) after 345 of assets,
+    classic control and toy text 0.008; MuJoCo 0.8, taken for every other family; a gymnasium env 0.064 (a guess)."""
     if not envpool_has(env_id):
         return int(0.064 * num_envs * 2**20)
     family = type(envpool.make_spec(env_id)).__name__
@@ -1492,15 +1461,14 @@ def env_pool_bytes(env_id: str, num_envs: int) -> int:
 
 
 def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> int:
-    """Floats that one forward pass of `example` leaves for the backward pass: the outputs of every leaf module,
-    counted with hooks, on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
+    """Floats that one forward pass of `example` leaves for the backward pass: the outputs of every leaf module, counted
+    on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
     counts = []
-    leaves = [m for m in model.modules() if not any(m.children())]
-    # a recurrent layer returns (outputs, state): its outputs are what the backward pass keeps
-    hooks = [
-        m.register_forward_hook(lambda m, i, out: counts.append((out[0] if isinstance(out, tuple) else out).numel()))
-        for m in leaves
-    ]
+
+    def count(module, inputs, out):  # a recurrent layer returns (outputs, state): the backward pass keeps the outputs
+        counts.append((out[0] if isinstance(out, tuple) else out).numel())
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if not any(m.children())]
     with torch.random.fork_rng(), torch.no_grad():
         forward(example)
     for hook in hooks:
@@ -1509,18 +1477,15 @@ def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> in
 
 
 def network_bytes(build, trained: bool = True) -> int:
-    """Bytes of the network that build() makes, built on PyTorch's meta device (shapes only: nothing allocated, no
-    random number drawn): its float32 parameters and, for a trained network, their gradients and Adam's two moments."""
+    """Bytes of build()'s network (made on the meta device): float32 weights, and if trained, gradients and Adam's moments."""
     with torch.random.fork_rng(), torch.device("meta"):
         model = build()
     return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
 
 
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
-    """Refuses a run whose storage cannot fit, before the run directory is made or an env started. `stores` maps each
-    store, named with the flags that size it, to (bytes, the device that holds it, the fix). A tenth of the free
-    memory is left to what the reckoning leaves out (networks, activations, the interpreter); one warning line where
-    the stores take more than half of it."""
+    """Refuses a run whose storage cannot fit, before anything starts: `stores` maps each store, named with the flags that
+    size it, to (bytes, device, fix). A tenth of free memory is left to what the reckoning leaves out; a warning above half."""
     for device in dict.fromkeys(where for _, where, _ in stores.values()):
         here = {name: store for name, store in stores.items() if store[1] == device}
         need, free = sum(size for size, _, _ in here.values()), memory_free(device)
@@ -1538,9 +1503,8 @@ def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
 
 
 def rng_state(device: torch.device) -> dict:
-    rng = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
-    rng["cuda"] = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
-    return rng
+    cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:
@@ -1552,10 +1516,27 @@ def restore_rng(rng: dict, device: torch.device) -> None:
 
 
 def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
-    """Tensorboard events in run_dir (with --track, synced to W&B). purge_step: a run resumed after a hard kill drops the
-    events logged after its checkpoint, so that no step of the curve repeats."""
+    """Tensorboard events in run_dir; with --track, first (sync_tensorboard mirrors the writer) a W&B run named as the run
+    directory, or a resumed run's, whose id its checkpoint holds. W&B's files stay in ./wandb: in runs/, tensorboard
+    would show their copy of the events as another run."""
     if args.track:
-        start_tracking(args, run_dir)
+        import wandb
+
+        try:
+            run = wandb.init(
+                project=args.wandb_project_name, entity=args.wandb_entity or None, tags=list(args.wandb_tags) or None,
+                name=os.path.basename(run_dir), id=getattr(args, "wandb_id", None), resume="allow",
+                config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True,
+            )  # fmt: skip
+        except Exception as e:  # W&B's own errors (no login, a refused key) as one line; a new run leaves no directory
+            if not os.listdir(run_dir) and not args.resume:
+                os.removedirs(run_dir)  # and runs/, if this was its only run
+            fail(
+                f"--track: Weights & Biases did not start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); log in "
+                "with wandb login (or set WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk for wandb sync"
+            )
+        args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
+    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     WRITTEN.setdefault("writers", []).append(writer)  # closed, so flushed, by a run that stops on a NaN (run_main)
     if resumed_at is None:
@@ -1564,31 +1545,8 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     return writer
 
 
-def start_tracking(args: Args, run_dir: str) -> None:
-    """--track: a Weights & Biases run named as the run directory, with the arguments as its config and the script's code,
-    which mirrors every tensorboard scalar (sync_tensorboard, so it must start before the writer). A resumed run goes on
-    in the W&B run whose id its checkpoint holds. W&B keeps its files in ./wandb, outside runs/, where tensorboard
-    would show its copies of the events as another run."""
-    import wandb
-
-    try:
-        run = wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity or None, tags=list(args.wandb_tags) or None,
-            name=os.path.basename(run_dir), id=getattr(args, "wandb_id", None), resume="allow",
-            config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True,
-        )  # fmt: skip
-    except Exception as e:  # W&B's own errors (no login, a refused key) as one line; a new run leaves no directory
-        if not os.listdir(run_dir) and not args.resume:
-            os.removedirs(run_dir)  # and runs/, if this was its only run
-        fail(
-            f"--track: Weights & Biases did not start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); log in "
-            "with wandb login (or set WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk for wandb sync"
-        )
-    args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
-
-
 def tracking_run():
-    """wandb, while a --track run is open (None otherwise): wandb is imported only with --track."""
+    """wandb, while a --track run is open (None otherwise)."""
     wandb = sys.modules.get("wandb")
     return wandb if wandb is not None and wandb.run is not None else None
 
@@ -1601,8 +1559,7 @@ def close_writer(writer: SummaryWriter) -> None:
 
 
 class Progress:
-    """Finished episodes (charts/episodic_return: one point per episode), steps per second over training time
-    (evaluations excluded), and a progress line every args.progress_interval seconds."""
+    """Finished episodes (one point each), steps per second over training time, and a line every --progress-interval s."""
 
     def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
         self.interval, self.total, self.unit = args.progress_interval, total, unit
@@ -1641,8 +1598,7 @@ class Progress:
 
 
 def stop_requests() -> list[int]:
-    """Ctrl-C and SIGTERM ask the loop to write a checkpoint and exit at its next boundary (the returned list gets
-    the signal); a second one kills at once."""
+    """Ctrl-C or SIGTERM: checkpoint and exit at the loop's next boundary (the list gets the signal); a second kills now."""
     stop: list[int] = []
 
     def request_stop(signum, _frame):
@@ -1660,12 +1616,10 @@ def crossed(count: int, advanced: int, every: int) -> bool:
 
 
 def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
-    """A checkpoint.pt (kind 'checkpoint', for --resume) or a final model (kind 'model'), marked with this script, its
-    arguments, its CHECKPOINT_FORMAT and the names of its fields, which load_checkpoint checks before anything is read.
-    Written to a temporary file, then renamed: a kill during the write never leaves a broken one."""
-    layout = dict(format=CHECKPOINT_FORMAT, fields=sorted(state))
-    marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir), **layout)
-    marks["wandb_id"] = getattr(args, "wandb_id", None)  # with --track, the W&B run a resumed run goes on in
+    """A checkpoint.pt (for --resume) or a final model, marked with what load_checkpoint checks; written to a .tmp, then
+    renamed, so that a kill during the write never leaves a broken one."""
+    marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir))
+    marks.update(format=CHECKPOINT_FORMAT, fields=sorted(state), wandb_id=getattr(args, "wandb_id", None))
     if (bad := non_finite(state)) is not None:  # the backstop: the loop's own checks stop a run before this
         at = f" at step {state['global_step']:,}" if "global_step" in state else ""
         raise NonFinite(f"{bad} holds a NaN or inf{at}, so no {kind} was written from it")
@@ -1698,9 +1652,8 @@ def unwritable(error: BaseException) -> bool:
 
 
 def run_main(main, args) -> None:
-    """main(args); a write that fails mid-run for want of room or rights (the events, which tensorboard's thread writes,
-    or any other file of the run) ends it in cannot_write's one line instead of a traceback from deep in a library, and
-    a NaN or inf met in the env's data or in training (NonFinite) in its own line, the events written up to it kept."""
+    """main(args); a write that fails for want of room or rights, or a NaN or inf (NonFinite), ends the run in one line
+    instead of a traceback from deep in a library, the events written up to it kept."""
     # the events' thread: its error reaches the main thread at the next scalar, and is said there once
     threading.excepthook = lambda hook: None if unwritable(hook.exc_value) else threading.__excepthook__(hook)
     try:
@@ -1717,19 +1670,14 @@ def run_main(main, args) -> None:
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
-# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one; the writers
-WRITTEN: dict[str, typing.Any] = {}
-
-
 class NonFinite(ValueError):
     """A NaN or inf in the env's data (finite_step) or in training (check_training): the run ends in one line (run_main)."""
 
 
 def finite_step(out: tuple, global_step: int) -> tuple:
-    """A vector env's step (observations, rewards, terminations, truncations, infos), passed on once its rewards and
-    observations are finite: a NaN or inf stops the run at the step it arrives, before anything learns from it, stores
-    it or saves it (Stable-Baselines3's VecCheckNan checks the same). The arrays are on the host already: one sum each
-    (about a microsecond), and the search for the env only where a sum is not finite (a finite sum can overflow)."""
+    """A vector env's step, passed on once its rewards and observations are finite, so that a NaN or inf stops the run
+    before anything learns from it or stores it (as Stable-Baselines3's VecCheckNan): one sum per array, about a
+    microsecond, and the search for the env only where a sum is not finite (a finite sum can overflow)."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
         if x.dtype.kind != "f" or math.isfinite(np.add.reduce(x, axis=None)):
             continue
@@ -1742,14 +1690,12 @@ def finite_step(out: tuple, global_step: int) -> tuple:
 
 
 def parameter_sum(*modules) -> torch.Tensor:
-    """The sum of every parameter, on the device (one element): NaN or inf once any parameter is, read with the losses at
-    the host sync an iteration makes anyway, for check_training."""
+    """The sum of every parameter, on the device: NaN or inf once any is, for check_training at the iteration's sync."""
     return torch.stack([p.detach().float().sum() for m in modules for p in m.parameters()]).sum().reshape(1)
 
 
 def check_training(values: dict | list, global_step: int) -> dict | list:
-    """An iteration's losses (and parameter sum), floats on the host, named or not, returned once finite: a NaN or inf
-    stops the run before a checkpoint or a model is written from such weights."""
+    """An iteration's losses (and parameter sum), floats on the host, named or not, returned once finite."""
     for name, value in values.items() if isinstance(values, dict) else (("a loss", v) for v in values):
         if not np.isfinite(value):
             raise NonFinite(
@@ -1776,8 +1722,7 @@ def resume_command(args, run_dir: str) -> str:
 
 
 def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
-    """A file of the run that could not be written (a full disk, a read-only or removed folder) ends it in one line: the
-    file, the cause, and the checkpoint still on disk with the command to resume from it; no .tmp is left."""
+    """A file of the run that could not be written ends it in one line: the file, the cause, the checkpoint left."""
     folder = os.path.dirname(path) or "."
     if isinstance(error, OSError) and error.strerror:
         cause = error.strerror
@@ -1795,8 +1740,7 @@ def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
     sys.exit(1)
 
 
-# The numpy types a checkpoint holds beside tensors and plain values (numpy's RNG state, statistics kept on the host),
-# allowed by name to PyTorch's safe unpickler: an array's and a scalar's rebuilding functions, and the array's dtypes
+# The numpy types a checkpoint holds (RNG state, host statistics), allowed by name to PyTorch's safe unpickler
 NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
 NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
 NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
@@ -1808,9 +1752,7 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     if not os.path.isfile(path):
         fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
     try:
-        # weights_only: PyTorch's safe unpickler, which builds tensors, plain Python values and the numpy types named in
-        # NUMPY_TYPES (RNG states, host statistics) and refuses anything else before it runs; mmap: a large checkpoint
-        # (a saved replay buffer) is paged in as it is used, not read whole first
+        # weights_only: the safe unpickler (tensors, plain values, NUMPY_TYPES only); mmap: a large checkpoint read as used
         with torch.serialization.safe_globals(NUMPY_TYPES):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:
@@ -1897,20 +1839,17 @@ def finish(writer: SummaryWriter, run_dir: str) -> None:
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 
-# envpool's env families, the cheapest to register first (Jumanji's, which loads matplotlib, last)
-ENVPOOL_FAMILIES = (
-    "classic_control", "toy_text", "atari", "mujoco.gym", "procgen", "box2d", "minigrid", "vizdoom", "gfootball",
-    "mujoco.metaworld", "mujoco.myosuite", "mujoco.robotics", "highway", "pgx", "mujoco.dmc", "mujoco.playground", "jumanji",
-)  # fmt: skip
-
-
 def envpool_has(env_id: str) -> bool:
-    """Whether envpool has env_id (gymnasium's ids with a module, "module:Id", it has not): envpool's env families are
-    registered one at a time, cheapest first, until one has it, so that once it says no, envpool.list_all_envs() lists
-    every id envpool has. A family this envpool was built without is passed over."""
+    """Whether envpool has env_id ("module:Id" is gymnasium's): its families are registered cheapest first until one has
+    it, so that once it says no, envpool.list_all_envs() lists every id (a family it was built without is passed over)."""
     if ":" in env_id:
         return False
-    for family in ENVPOOL_FAMILIES:
+    families = (
+        "classic_control", "toy_text", "atari", "mujoco.gym", "procgen", "box2d", "minigrid", "vizdoom", "gfootball",
+        "mujoco.metaworld", "mujoco.myosuite", "mujoco.robotics", "highway", "pgx", "mujoco.dmc", "mujoco.playground",
+        "jumanji",
+    )  # fmt: skip
+    for family in families:
         if env_id in envpool.list_all_envs():
             return True
         with contextlib.suppress(ModuleNotFoundError):
