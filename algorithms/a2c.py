@@ -387,6 +387,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 import types
 
@@ -532,7 +533,8 @@ def can_render(env_id: str, backend: str) -> bool:
         f"import sys; sys.path.insert(0, {here!r}); import a2c; "
         f"envs, _ = a2c.make_env({env_id!r}, 1, 0, False, False, {backend!r}, render=True); envs.reset(); envs.render()"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+    with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
 def game_end_and_score(reward, term, trunc, info, is_atari: bool):
@@ -1105,7 +1107,7 @@ def end_run(args: Args, run: types.SimpleNamespace, envs, agent: Agent, obs_rms,
         save_reload_and_evaluate(
             agent, obs_rms, run.obs_space, run.action_space, args, run.device, run.writer, run.run_dir, global_step
         )
-    finish(run.writer, run.run_dir)
+    finish(run.writer, run.run_dir, global_step)
     leave(args.world_size)
 
 
@@ -1759,8 +1761,14 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
     print(f"model: {model_path}")
 
 
-def finish(writer: SummaryWriter, run_dir: str) -> None:
+def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
+    """The events closed; a checkpoint.pt this run went past (a stop's, or the last periodic one before the end) removed,
+    since a resume from it would train those steps again into this run's folder (one at the end stays: it extends)."""
     close_writer(writer)
+    kept, step = WRITTEN.get("checkpoint", (None, None))
+    if kept is not None and step is not None and step < global_step and os.path.exists(kept):
+        os.remove(kept)
+        print(f"removed {kept} (step {step:,}): the run went past it, and a resume from it would train its steps again")
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 

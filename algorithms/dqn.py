@@ -306,6 +306,7 @@ import difflib
 import os
 import subprocess
 import sys
+import tempfile
 import types
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
@@ -455,7 +456,8 @@ def can_render(env_id: str, backend: str) -> bool:
         f"import sys; sys.path.insert(0, {here!r}); import dqn; "
         f"envs, _ = dqn.make_env({env_id!r}, 1, 0, False, False, {backend!r}, render=True); envs.reset(); envs.render()"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+    with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
 def game_end_and_score(reward, term, trunc, info, is_atari: bool):
@@ -779,7 +781,7 @@ def end_run(args: Args, run, envs, q_network, global_step: int, env_seconds: flo
         eval_network.load_state_dict(state["model"])
         returns = evaluate(eval_network, args, run.device, video_path(args, run.run_dir))
         log_final_eval(run.writer, returns, global_step, model_path)
-    finish(run.writer, run.run_dir)
+    finish(run.writer, run.run_dir, global_step)
 
 
 # ===============================================================================================================
@@ -1432,8 +1434,14 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
     print(f"model: {model_path}")
 
 
-def finish(writer: SummaryWriter, run_dir: str) -> None:
+def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
+    """The events closed; a checkpoint.pt this run went past (a stop's, or the last periodic one before the end) removed,
+    since a resume from it would train those steps again into this run's folder (one at the end stays: it extends)."""
     close_writer(writer)
+    kept, step = WRITTEN.get("checkpoint", (None, None))
+    if kept is not None and step is not None and step < global_step and os.path.exists(kept):
+        os.remove(kept)
+        print(f"removed {kept} (step {step:,}): the run went past it, and a resume from it would train its steps again")
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 

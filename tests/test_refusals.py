@@ -19,6 +19,7 @@ from conftest import (
     load_file,
     marks,
     only_run,
+    run_algorithm,
     run_bad_input,
     run_in_process,
     scalars,
@@ -359,3 +360,16 @@ def test_the_network_reckoning_is_within_a_tenth_of_what_a_run_allocates(name, t
     assert proc.returncode == 0, proc.stderr
     allocated = allocated_networks(held, OTHER_NETWORK_TENSORS.get(name, ()))
     assert allocated > 0 and abs(reckoned - allocated) <= 0.1 * allocated, (reckoned, allocated)
+
+
+@pytest.mark.parametrize("name", ["ppo", "ddpg_td3"])
+def test_a_mujoco_env_that_cannot_render_is_refused_and_leaves_no_mujoco_log(name, tmp_path):
+    """--capture-video on MuJoCo where OpenGL is missing: refused in one line, and MuJoCo's MUJOCO_LOG.TXT, written by the
+    render check's child process, is not left in the user's folder. Where the machine renders, there is nothing to see."""
+    flags = ["--env-id", "Hopper-v4", "--capture-video", "--save-model", "--total-timesteps", "2048", CPU]
+    flags += ["--learning-starts", "1024"] if name == "ddpg_td3" else []
+    proc = run_algorithm(name, *flags, cwd=tmp_path, check=False, timeout=300)
+    if proc.returncode == 0:
+        pytest.skip("this machine renders MuJoCo")
+    assert_one_error_line(name, proc, r"--capture-video: Hopper-v4 cannot render on this machine")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
