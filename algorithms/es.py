@@ -1198,7 +1198,8 @@ def run_main(main, args) -> None:
     except NonFinite as error:
         for writer in WRITTEN.get("writers", ()):
             writer.close()
-        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
+        kept = kept_checkpoint(args) if os.environ.get("RANK", "0") == "0" else "process 0 writes the run's checkpoints"
+        print(f"{SCRIPT}: error: {error}; {kept}", file=sys.stderr, flush=True)
         sys.exit(1)
     except OSError as error:
         if not unwritable(error):

@@ -4,12 +4,14 @@ resumes from it; exit status 1, no traceback, and no NaN or inf in any checkpoin
 
 import os
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import CPU, ROOT, SMOKE_FLAGS, load_file, only_run, run_algorithm
+from conftest import CPU, ROOT, SMOKE_FLAGS, load_file, one_thread, only_run, run_algorithm
 
 # each file's short run, checkpointed before the envs of tests/bad_data_envs.py go bad at their BAD_FROM-th step
 RUNS = {
@@ -85,3 +87,20 @@ def test_training_that_turns_non_finite_stops_before_anything_is_saved_from_it(n
     flags = ["--learning-rate", "1e30"] if name == "es" else []
     proc = run(name, "HugeReward", tmp_path, *flags, **variables)
     one_line_and_clean_files(name, proc, tmp_path, ("training turned non-finite", "holds a NaN or inf"))
+
+
+def test_under_torchrun_the_process_that_meets_it_says_so_and_the_job_ends(tmp_path):
+    """Two processes, each stepping two envs that go bad at its 600th env step (about step 1,200 of the run): each
+    says what it met in its line (process 0's with the checkpoint to resume from, the other's pointing there), no
+    process ends in a traceback, and the job fails."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    flags = ["--env-id", "bad_data_envs:NanReward-v0", *RUNS["ppo"], "--progress-interval", "0", CPU]
+    cmd = [*launcher, str(ROOT / "algorithms" / "ppo.py"), *flags]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=one_thread(bad_env_vars(BAD_FROM="600")))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("ppo.py: error: ")]
+    assert proc.returncode != 0 and lines and "]: Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert all("the env's reward is nan at step " in line for line in lines), lines
+    zero = [line for line in lines if "of process 0)" in line]
+    assert all("the last checkpoint, " in line for line in zero) and all(
+        "process 0 writes the run's checkpoints" in line for line in lines if line not in zero
+    ), lines
