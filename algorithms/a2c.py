@@ -1107,7 +1107,7 @@ def end_run(args: Args, run: types.SimpleNamespace, envs, agent: Agent, obs_rms,
         save_reload_and_evaluate(
             agent, obs_rms, run.obs_space, run.action_space, args, run.device, run.writer, run.run_dir, global_step
         )
-    finish(run.writer, run.run_dir, global_step)
+    finish(run.writer, run.run_dir)
     leave(args.world_size)
 
 
@@ -1762,14 +1762,8 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
     print(f"model: {model_path}")
 
 
-def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
-    """The events closed; a checkpoint.pt this run went past (a stop's, or the last periodic one before the end) removed,
-    since a resume from it would train those steps again into this run's folder (one at the end stays: it extends)."""
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     close_writer(writer)
-    kept, step = WRITTEN.get("checkpoint", (None, None))
-    if kept is not None and step is not None and step < global_step and os.path.exists(kept):
-        os.remove(kept)
-        print(f"removed {kept} (step {step:,}): the run went past it, and a resume from it would train its steps again")
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 

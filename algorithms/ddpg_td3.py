@@ -712,7 +712,7 @@ def end_run(args: Args, run: types.SimpleNamespace, envs, actor: Actor, critic: 
         eval_actor.load_state_dict(state["model"])
         returns = evaluate(eval_actor, args, run.device, video_path(args, run.run_dir))
         log_final_eval(run.writer, returns, global_step, model_path)
-    finish(run.writer, run.run_dir, global_step)
+    finish(run.writer, run.run_dir)
 
 
 # ===============================================================================================================
@@ -1366,14 +1366,8 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
     print(f"model: {model_path}")
 
 
-def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
-    """The events closed; a checkpoint.pt this run went past (a stop's, or the last periodic one before the end) removed,
-    since a resume from it would train those steps again into this run's folder (one at the end stays: it extends)."""
+def finish(writer: SummaryWriter, run_dir: str) -> None:
     close_writer(writer)
-    kept, step = WRITTEN.get("checkpoint", (None, None))
-    if kept is not None and step is not None and step < global_step and os.path.exists(kept):
-        os.remove(kept)
-        print(f"removed {kept} (step {step:,}): the run went past it, and a resume from it would train its steps again")
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 

@@ -259,9 +259,4 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(name, sig, tmp_pat
     assert f"resumed {run.relative_to(tmp_path)} at step {ckpt['global_step']:,}" in resumed.stdout
     assert only_run(tmp_path) == run  # the same tensorboard run goes on
     assert [s for s, _, _ in scalars(run)[tag]] == steps
-    # no checkpoint the finished run went past is left to rewrite it: one at its end stays (to extend it), others go
-    if (run / "checkpoint.pt").exists():
-        assert load_file(run / "checkpoint.pt")["global_step"] == total
-    else:
-        assert f"removed {run.relative_to(tmp_path) / 'checkpoint.pt'} (step " in resumed.stdout
     check(run, ckpt, resumed.stdout)
