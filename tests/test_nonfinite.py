@@ -2,16 +2,13 @@
 every file that runs gymnasium envs: what went bad, where, and the checkpoint still on disk with the command that
 resumes from it; exit status 1, no traceback, and no NaN or inf in any checkpoint or model under the run folder."""
 
-import os
 import shlex
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-import torch
 
-from conftest import CPU, ROOT, SMOKE_FLAGS, load_file, one_thread, only_run, run_algorithm
+from conftest import CPU, ROOT, SMOKE_FLAGS, load_algorithm, load_file, one_thread, only_run, run_algorithm
 
 # each file's short run, checkpointed before the envs of tests/bad_data_envs.py go bad at their BAD_FROM-th step
 RUNS = {
@@ -25,25 +22,11 @@ RUNS = {
 BAD_FROM = "1200"  # env steps of the process, over every env; es.py's generations take 16 x 50
 
 
-def bad_env_vars(**variables: str) -> dict:
-    return {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]), **variables}
-
-
-def run(name: str, env_id: str, cwd, *flags: str, **variables: str):
-    env = bad_env_vars(**{"BAD_FROM": BAD_FROM, **variables})
+def run(name: str, env_id: str, cwd, test_env: dict, *flags: str, **variables: str):
+    env = {**test_env, "BAD_FROM": BAD_FROM, **variables}
     box = "Box" if name == "ddpg_td3" else ""
     args = ["--env-id", f"bad_data_envs:{env_id}{box}-v0", *RUNS[name], "--progress-interval", "0", CPU, *flags]
     return run_algorithm(name, *args, cwd=cwd, check=False, env=env)
-
-
-def non_finite(state, name=""):
-    """The first floating tensor or array with a NaN or inf in a saved file's state, by name, or None."""
-    if isinstance(state, dict | list | tuple):
-        items = state.items() if isinstance(state, dict) else enumerate(state)
-        return next((bad for k, v in items if (bad := non_finite(v, f"{name}.{k}"))), None)
-    if torch.is_tensor(state) and state.is_floating_point() and not torch.isfinite(state).all():
-        return name
-    return name if isinstance(state, np.ndarray) and state.dtype.kind == "f" and not np.isfinite(state).all() else None
 
 
 def one_line_and_clean_files(name: str, proc, cwd, what: tuple[str, ...]) -> str:
@@ -54,17 +37,17 @@ def one_line_and_clean_files(name: str, proc, cwd, what: tuple[str, ...]) -> str
     assert line.startswith(f"{name}.py: error: ") and any(w in line for w in what), line
     for path in only_run(cwd).rglob("*"):
         if path.suffix in (".pt", ".model"):
-            assert non_finite(load_file(path)) is None, f"{path} holds a NaN or inf"
+            assert load_algorithm(name).non_finite(load_file(path)) is None, f"{path} holds a NaN or inf"
     assert not list(cwd.rglob("*.tmp"))
     return line
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_bad_env_data_stops_at_its_step_and_the_checkpoint_before_resumes(name, tmp_path):
+def test_bad_env_data_stops_at_its_step_and_the_checkpoint_before_resumes(name, tmp_path, test_env):
     for env_id, what in (("NanReward", "the env's reward is nan"), ("InfObs", "the env's observation is inf")):
         cwd = tmp_path / env_id
         cwd.mkdir()
-        line = one_line_and_clean_files(name, run(name, env_id, cwd), cwd, (what,))
+        line = one_line_and_clean_files(name, run(name, env_id, cwd, test_env), cwd, (what,))
         step = int(line.split(" at step ")[1].split(" ")[0].replace(",", ""))
         assert int(BAD_FROM) <= step < int(BAD_FROM) + 1000, line  # the step it arrived at, not an iteration later
         kept, resume = line.split("the last checkpoint, ")[1].split("; resume from it with: ")
@@ -73,30 +56,30 @@ def test_bad_env_data_stops_at_its_step_and_the_checkpoint_before_resumes(name, 
     # the command in the line resumes the kept checkpoint, and the run ends well once the env is sound again
     command = shlex.split(resume)
     assert command[0] == "python" and command[command.index("--resume") + 1] == path
-    proc = run_algorithm(name, *command[2:], CPU, cwd=cwd, check=False, env=bad_env_vars(BAD_FROM=str(10**9)))
+    proc = run_algorithm(name, *command[2:], CPU, cwd=cwd, check=False, env={**test_env, "BAD_FROM": str(10**9)})
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_training_that_turns_non_finite_stops_before_anything_is_saved_from_it(name, tmp_path):
+def test_training_that_turns_non_finite_stops_before_anything_is_saved_from_it(name, tmp_path, test_env):
     """Rewards of 1e30 overflow the float32 losses; qlearning.py's table is float64, so there they are 1e307 (and numpy's
     own overflow warning from the episode's return is let be); es.py's centred ranks make it immune to the reward's
     scale, so there the learning rate is made absurd instead, from the start."""
     variables = dict(HUGE="1e307", PYTHONWARNINGS="ignore::RuntimeWarning") if name == "qlearning" else {}
     variables = dict(BAD_FROM="0") if name == "es" else variables
     flags = ["--learning-rate", "1e30"] if name == "es" else []
-    proc = run(name, "HugeReward", tmp_path, *flags, **variables)
+    proc = run(name, "HugeReward", tmp_path, test_env, *flags, **variables)
     one_line_and_clean_files(name, proc, tmp_path, ("training turned non-finite", "holds a NaN or inf"))
 
 
-def test_under_torchrun_the_process_that_meets_it_says_so_and_the_job_ends(tmp_path):
+def test_under_torchrun_the_process_that_meets_it_says_so_and_the_job_ends(tmp_path, test_env):
     """Two processes, each stepping two envs that go bad at its 600th env step (about step 1,200 of the run): each
     says what it met in its line (process 0's with the checkpoint to resume from, the other's pointing there), no
     process ends in a traceback, and the job fails."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     flags = ["--env-id", "bad_data_envs:NanReward-v0", *RUNS["ppo"], "--progress-interval", "0", CPU]
     cmd = [*launcher, str(ROOT / "algorithms" / "ppo.py"), *flags]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=one_thread(bad_env_vars(BAD_FROM="600")))
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=one_thread({**test_env, "BAD_FROM": "600"}))
     lines = [line for line in proc.stderr.splitlines() if line.startswith("ppo.py: error: ")]
     assert proc.returncode != 0 and lines and "]: Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert all("the env's reward is nan at step " in line for line in lines), lines

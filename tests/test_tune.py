@@ -82,16 +82,26 @@ def test_a_one_trial_study_says_why_it_has_no_importances(tmp_path):
     assert not (tmp_path / "ppo_CartPole-v1" / "importances.png").exists() and "(trials.md, history.png, runs/)" in proc.stdout
 
 
-def session_pids(sid: int) -> list[int]:
-    """The processes of a session: a tuner killed with SIGKILL leaves its runs, in their own process groups, going."""
-    pids = []
+def pids(where) -> list[int]:
+    """The processes for whose /proc entry where(entry) holds (those that end while being read are passed over)."""
+    found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and os.getsid(int(entry.name)) == sid:
-                pids.append(int(entry.name))
-        except ProcessLookupError:
+            if entry.name.isdigit() and where(entry):
+                found.append(int(entry.name))
+        except OSError:
             pass
-    return pids
+    return found
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of a session: a tuner killed with SIGKILL leaves its runs, in their own process groups, going."""
+    return pids(lambda entry: os.getsid(int(entry.name)) == sid)
+
+
+def processes_in(folder: Path) -> list[int]:
+    """The processes whose working folder is `folder` or below it (a trial's runs work in their own folders)."""
+    return pids(lambda entry: Path(os.readlink(entry / "cwd")).is_relative_to(folder.resolve()))
 
 
 def states(db: Path) -> list[tuple[int, str]]:
@@ -147,18 +157,6 @@ def test_a_trial_that_does_not_learn_is_pruned_while_it_runs(tmp_path):
     logged = scalars(pruned)  # read once its process is gone, so that nothing more is coming
     assert 1024 < max(points[-1][0] for points in logged.values()) < 16384
     assert "trial 3/3 (#2) PRUNED" in proc.stdout
-
-
-def processes_in(folder: Path) -> list[int]:
-    """The processes whose working folder is `folder` or below it (a trial's runs work in their own folders)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")).is_relative_to(folder.resolve()):
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
 
 
 def test_a_run_that_refuses_its_flags_stops_the_study(tmp_path):

@@ -12,14 +12,13 @@ answer is in docs/speed.md; the script exists for the CUDA question (does channe
 """
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from speed import late_sps  # noqa: E402
+from speed import last_line, late_sps  # noqa: E402
 
 from tblog import read_scalars  # noqa: E402
 
@@ -30,9 +29,10 @@ def run(script: Path, args, extra: list[str]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(script), "--env-id", args.env_id, "--total-timesteps", str(args.steps)]
         cmd += [*args.flags.split(), *extra]
-        done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env=os.environ)
-        if done.returncode:  # the script's own last line says why
-            print(((done.stderr or "").strip().splitlines() or ["no output"])[-1], flush=True)
+        try:
+            subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, check=True)
+        except subprocess.CalledProcessError as crash:  # the script's own last line says why
+            print(last_line(crash), flush=True)
             return float("nan")
         (run_dir,) = (Path(tmp) / "runs").iterdir()
         return late_sps(read_scalars(str(run_dir)))
