@@ -674,7 +674,7 @@ def end_run(args: Args, run: types.SimpleNamespace, q: torch.Tensor, global_step
             exact = exact_return(tables, eval_q.argmax(1).cpu().numpy(), horizon)
             print(f"exact return of the reloaded table's greedy policy: {exact:.4f} (optimum {optimum:.4f})")
         log_final_eval(writer, eval_returns, global_step, model_path)
-    finish(writer, run.run_dir)
+    finish(writer, run.run_dir, global_step)
 
 
 # ===============================================================================================================
@@ -870,6 +870,14 @@ def resumed_args(args: Args) -> Args:
     state = load_checkpoint(args.resume, args.env_id)
     defaults = {f.name: f.default for f in dataclasses.fields(Args)}
     saved = {**defaults, **state["args"]}  # a field newer than the checkpoint: the run it holds had its default
+    finished = os.path.join("runs", state["run_name"], "finished")  # where the resumed run writes: has it ended there?
+    end = int(open(finished).read()) if os.path.isfile(finished) else -1
+    if state.get("global_step", end) < end:  # a stop's checkpoint left behind (one at the end extends the run)
+        fail(
+            f"'{args.resume}' holds step {state['global_step']:,} of a run that went on to finish at step {end:,}: resumed, "
+            f"it would train those steps again into runs/{state['run_name']}, over their events and final model; delete "
+            f"{finished} to do that anyway"
+        )
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
         if value == saved[name]:
@@ -1328,8 +1336,11 @@ def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int,
     print(f"model: {model_path}")
 
 
-def finish(writer: SummaryWriter, run_dir: str) -> None:
+def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
+    """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
     close_writer(writer)
+    with contextlib.suppress(OSError), open(os.path.join(run_dir, "finished"), "w") as f:
+        f.write(f"{global_step}\n")
     print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 

@@ -131,6 +131,7 @@ def test_a_bf16_run_saves_it_in_its_checkpoint_and_model_and_a_resume_keeps_it(n
     run_algorithm(name, *common, "--bf16", "--total-timesteps", str(first), cwd=tmp_path)
     run = only_run(tmp_path)
     ckpt = run / "checkpoint.pt"
+    (run / "finished").unlink()  # the run went past its checkpoint: without this, a resume of it is refused
     model = next(run.glob("*.model"))  # <script>.model; ddpg_td3.py's is named after its --algo
     assert load_file(ckpt)["args"]["bf16"] and load_file(model)["args"]["bf16"]
     assert len(values(run, "eval/episodic_return")) == 1  # the saved model, reloaded and evaluated

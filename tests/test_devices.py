@@ -35,6 +35,7 @@ def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu(algo, flags, tmp_path):
     run_algorithm(algo, "--env-id", "CartPole-v1", *flags, "--progress-interval", "0", cwd=tmp_path)
     run = only_run(tmp_path)
     checkpoint = run / "checkpoint.pt"
+    (run / "finished").unlink()  # the run went past its checkpoint: without this, the resume is refused
     state = load_file(checkpoint)
     for rng in state["rng"] if isinstance(state["rng"], list) else [state["rng"]]:  # ppo.py: one per process
         rng["cuda"] = [torch.zeros(16, dtype=torch.uint8)]  # a CUDA run's generator states come along too

@@ -260,3 +260,7 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(name, sig, tmp_pat
     assert only_run(tmp_path) == run  # the same tensorboard run goes on
     assert [s for s, _, _ in scalars(run)[tag]] == steps
     check(run, ckpt, resumed.stdout)
+    # the stop's checkpoint, left behind, would train the finished run's last steps again into its folder: refused
+    shutil.copy(tmp_path / "stopped.pt", run / "checkpoint.pt")
+    proc = run_bad_input(name, ["--resume", str(run / "checkpoint.pt")], tmp_path, "")
+    assert_one_error_line(name, proc, rf"holds step {ckpt['global_step']:,} of a run that went on to finish at step {total:,}")

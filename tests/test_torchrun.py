@@ -147,7 +147,9 @@ def test_a_stopped_torchrun_run_resumes_with_every_process_and_no_step_lost_or_r
     assert "cpu (1 thread) in each of 2 processes on 1 machine, each stepping 2 of the 4 envs" in proc.stdout
     steps = [s for s, _, _ in scalars(run)["charts/learning_rate"]]
     assert steps == list(range(batch, total + 1, batch))
-    # a checkpoint of 2 processes, resumed by one: refused in one line, before its writer adds an events file
+    # a checkpoint of 2 processes, resumed by one: refused in one line, before its writer adds an events file (the
+    # finished run's note removed, which refuses any resume of a checkpoint it went past)
+    (run / "finished").unlink()
     before = sorted(p.name for p in run.iterdir())
     proc = run_bad_input("ppo", ["--env-id", "CartPole-v1", "--resume", str(run / "checkpoint.pt")], tmp_path, "")
     assert_one_error_line("ppo", proc, r"written by 2 process\(es\), and this run has 1; resume it with torchrun --nproc_per")
