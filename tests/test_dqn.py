@@ -302,18 +302,16 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(sig, save_buffer, 
 # Learning
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.learning
-def test_dqn_cartpole_reaches_475_with_the_classic_defaults(tmp_path):
+def test_dqn_cartpole_reaches_200_in_the_first_250k_steps_of_the_classic_run(tmp_path):
     """The classic preset (CleanRL dqn.py, PyTorch's default init: epsilon 1 -> 0.05 over the first 250k steps), one
-    env through gymnasium (--env-backend auto), cut at 400k steps: --exploration-fraction 0.625 keeps epsilon's
-    schedule at 250k, so this run is the first 400k steps of the 500k classic run, to the bit. Measured on the 500k
-    classic run (events read with tblog.read_scalars; 1 thread, whose runs equal the default 2 threads' to the bit, as
-    checked over 30k steps): the mean over 20 episodes first reaches 475 at 261,860, 238,836, 298,157, 225,747 and
-    218,296 steps for seeds 1-5, so seed 1 has 138k steps of slack and the worst seed (3) 102k, a third of its
-    steps. The check is "reaches", not "holds": DQN on CartPole dips after it has learned. 320k, the next budget
-    whose fraction is exact, would leave the worst seed 22k. On this 2-core machine, partly loaded, it took 228 s
-    (1,843 SPS, default threads; it reached 475 at 261,860 as measured), so the limit is 3x that plus slack. On the
-    CPU, where the margin was measured."""
-    flags = ["--seed", "1", "--total-timesteps", "400000", "--exploration-fraction", "0.625", CPU]
-    run_algorithm("dqn", *flags, cwd=tmp_path, timeout=1200)
+    env through gymnasium (--env-backend auto), cut at 250k steps: --exploration-fraction 1 keeps epsilon's schedule
+    at 250k, so this run is the first 250k steps of the 500k classic run, to the bit. Read from the committed 500k runs
+    (benchmark/results/dqn_classic, seeds 1-3, with tblog.read_scalars): the mean over 20 episodes first reaches 200 at
+    163,442 / 153,242 / 143,759 steps (random play: about 22), so the worst seed (1, this one) has 87k steps of slack,
+    a third of the budget; 475 comes only after epsilon's decay (238,836-298,157), too late to check here. The check is
+    "reaches", not "holds": DQN on CartPole dips after it has learned. About 2 minutes here; the limit is 5x that. On
+    the CPU, where the margin was measured."""
+    flags = ["--seed", "1", "--total-timesteps", "250000", "--exploration-fraction", "1", CPU]
+    run_algorithm("dqn", *flags, cwd=tmp_path, timeout=900)
     _, means = twenty_episode_means(only_run(tmp_path))  # every window of 20 consecutive episodes
-    assert len(means) and means.max() >= 475, f"best 20-episode mean {means.max() if len(means) else None}"
+    assert len(means) and means.max() >= 200, f"best 20-episode mean {means.max() if len(means) else None}"

@@ -12,20 +12,6 @@ from conftest import CPU, ROOT, load_algorithm, only_run, run_algorithm, run_in_
 ppo_module = load_algorithm("ppo")
 
 
-@pytest.mark.learning
-def test_ppo_cartpole_learns_within_50k_steps(tmp_path):
-    """CartPole's random policy scores about 22; PPO with the classic defaults over a 50k-step budget (its learning
-    rate annealed over those 50k) must bring the 20-episode mean to 200. Measured on 2 CPU cores (one thread; two
-    threads give the same run to the bit; 4 CartPoles stepped by gymnasium, --env-backend auto): seeds 1-5 first reach
-    200 at 21,500 / 20,492 / 18,520 / 19,016 / 19,808 steps and peak at 248-304, so the worst seed has 28k steps of
-    slack. The full 500k-step run (the benchmark,
-    benchmark/ppo.sh classic) reaches 500. About 30 s here; the limit allows a machine ten times slower. On the CPU,
-    where the margin was measured."""
-    run_algorithm("ppo", "--seed", "1", "--total-timesteps", "50000", CPU, cwd=tmp_path, timeout=900)
-    _, means = twenty_episode_means(only_run(tmp_path))
-    assert len(means) and means.max() >= 200, f"best 20-episode mean {means.max() if len(means) else None}"
-
-
 def first_step_at_200(run) -> int | None:
     """The step at which CartPole's 20-episode mean first reaches 200 (None: never)."""
     steps, means = twenty_episode_means(run)
@@ -34,12 +20,15 @@ def first_step_at_200(run) -> int | None:
 
 
 @pytest.mark.learning
-def test_ppo_compiled_learns_cartpole_as_the_eager_code_does(tmp_path):
-    """--compile traces the same acting step and update (torch.compile, inductor's CPU code), so learning must not
-    change: with one seed, both runs bring CartPole's 20-episode mean to 200 at nearly the same step. Measured on 2 CPU
-    cores (one thread, 49,152 steps): seeds 1-3 first reached 200 at the same step eager and compiled (21,764 / 19,836 /
-    18,544; compiled sampling and float sums drift apart only later), peaks 233-256 eager, 221-270 compiled. The bar:
-    both reach 200, within 5,000 steps of each other. On the CPU, where it was measured."""
+def test_ppo_learns_cartpole_and_compiled_as_the_eager_code_does(tmp_path):
+    """CartPole's random policy scores about 22; PPO with the classic defaults over a 49,152-step budget (its learning
+    rate annealed over it) must bring the 20-episode mean to 200. --compile traces the same acting step and update
+    (torch.compile, inductor's CPU code), so learning must not change: with one seed, both runs reach 200 at nearly the
+    same step. Measured on 2 CPU cores (one thread, 4 CartPoles stepped by gymnasium, --env-backend auto; two threads
+    give the same run to the bit): seeds 1-3 first reached 200 at the same step eager and compiled (21,764 / 19,836 /
+    18,544; compiled sampling and float sums drift apart only later), so the worst seed has 27k steps of slack; peaks
+    233-256 eager, 221-270 compiled. The bar: both reach 200, within 5,000 steps of each other. The full 500k-step run
+    (the benchmark, benchmark/ppo.sh classic) reaches 500. On the CPU, where it was measured."""
     for name, flags in (("eager", []), ("compiled", ["--compile"])):
         run_algorithm("ppo", "--seed", "1", "--total-timesteps", "49152", "--exp-name", name, CPU, *flags, cwd=tmp_path)
     eager, compiled = (first_step_at_200(next((tmp_path / "runs").glob(f"*__{n}__*"))) for n in ("eager", "compiled"))
