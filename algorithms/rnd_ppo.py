@@ -1256,8 +1256,7 @@ def end_run(args: Args, run: types.SimpleNamespace, nets: tuple, envs, rewems: t
 
 
 # ===============================================================================================================
-# Run plumbing: the same text in every algorithm file, from this heading to the end of the file
-# (tests/test_shared_code.py fails, printing the diff, when two copies differ)
+# Run plumbing: the same text in every algorithm file, from this heading to the end (tests/test_shared_code.py compares)
 # ===============================================================================================================
 import ast
 import contextlib
@@ -1301,8 +1300,7 @@ WRITTEN: dict[str, typing.Any] = {}
 
 @dataclasses.dataclass
 class Tracking:
-    """The shared block's own flags, which every script's Args gains below, after its own (a dataclass takes its bases'
-    fields from the last base to the first)."""
+    """The shared block's own flags, which every script's Args gains below, after its own (bases' fields go last first)."""
 
     track: bool = False
     """send the run to Weights & Biases: tensorboard scalars, arguments, code, captured videos (WANDB_MODE=offline works)"""
@@ -1337,13 +1335,19 @@ def parse_args(argv: list[str] | None = None) -> Args:
             # --help opens with the docstring's first paragraph: what the script is, not the reading guide
             args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
-        if e.code:
-            fail(tyro_error_line(captured.getvalue()))
+        if e.code:  # tyro's boxed parse error as one line: its message, and the flag it suggests
+            rows = [row.strip("│ ") for row in captured.getvalue().splitlines()]
+            rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
+            first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
+            message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
+            hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
+            if "Perhaps you meant:" in rows and hints:
+                fail(f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)")
+            fail(f"{message}; see {SCRIPT} --help")
         raise
     # the flags typed ('--name v', '--name=v', '--no-name'), as against defaults; not a field, so neither saved nor shown
-    fields = {f.name for f in dataclasses.fields(Args)}
     names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
-    args.typed = frozenset((names | {n[3:] for n in names if n.startswith("no_")}) & fields)
+    args.typed = frozenset((names | {n.removeprefix("no_") for n in names}) & {f.name for f in dataclasses.fields(Args)})
     check_ranges(args)
     args = resumed_args(args) if args.resume else args
     check_extras(args)
@@ -1353,8 +1357,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
 def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
     """Each rule is (flags, whether this run makes them meaningless, why): such a flag, typed with any value, is refused."""
     for names, holds, why in rules:
-        typed = [name for name in names if holds and name in getattr(args, "typed", ())]
-        if typed:
+        if typed := [name for name in names if holds and name in getattr(args, "typed", ())]:
             fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
 
 
@@ -1381,23 +1384,10 @@ def flag_value(argv: list[str], name: str, default: str) -> str:
     return value
 
 
-def tyro_error_line(text: str) -> str:
-    """tyro's boxed parse error as one line: its message, and the flag it suggests."""
-    rows = [row.strip("│ ") for row in text.splitlines()]
-    rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
-    first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
-    message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
-    hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
-    if "Perhaps you meant:" in rows and hints:
-        return f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)"
-    return f"{message}; see {SCRIPT} --help"
-
-
 def check_ranges(args: Args) -> None:
     """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
     for name, interval in RANGES.items():
-        value = getattr(args, name)
-        if value is None:
+        if (value := getattr(args, name)) is None:
             continue
         low, high = (float(bound) for bound in interval[1:-1].split(","))
         above = value > low if interval[0] == "(" else value >= low
@@ -1413,10 +1403,8 @@ def check_extras(args: Args) -> None:
     it); --track needs wandb and, for process 0, its server, unless WANDB_MODE keeps the run on disk."""
     video_packages = ("imageio", "imageio_ffmpeg") if getattr(args, "capture_video", False) else ()
     if any(importlib.util.find_spec(name) is None for name in video_packages):
-        fail(
-            "--capture-video writes MP4s with imageio and its ffmpeg plugin, which this Python lacks; "
-            "run pip install 'imageio[ffmpeg]', or leave out --capture-video"
-        )
+        fix = "run pip install 'imageio[ffmpeg]', or leave out --capture-video"
+        fail(f"--capture-video writes MP4s with imageio and its ffmpeg plugin, which this Python lacks; {fix}")
     if not args.track:
         refuse_meaningless(args, [(("wandb_project_name", "wandb_entity", "wandb_tags"), True, "needs --track")])
         return
@@ -1428,19 +1416,15 @@ def check_extras(args: Args) -> None:
     try:  # a machine without network would otherwise wait out wandb.init's retries (90 s) before it fails
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=10).close()
     except OSError as e:
-        fail(
-            f"--track cannot reach Weights & Biases at {url.hostname} ({e.strerror or type(e).__name__}); check the "
-            "network, or set WANDB_MODE=offline to keep the run on disk and upload it later with wandb sync"
-        )
+        fix = "check the network, or set WANDB_MODE=offline to keep the run on disk and upload it later with wandb sync"
+        fail(f"--track cannot reach Weights & Biases at {url.hostname} ({e.strerror or type(e).__name__}); {fix}")
 
 
 # The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes. A longer
 # run follows its schedules (a learning rate annealed to the end) to the new length, as if it had been started with it.
-RESUMABLE = (
-    "total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
-    "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video", "save_model",
-    "cuda", "track", "wandb_project_name", "wandb_entity", "wandb_tags",
-)  # fmt: skip
+RESUMABLE = ("total_timesteps", "num_generations", "checkpoint_every", "save_buffer", "eval_every", "eval_episodes",
+             "eval_deterministic", "eval_epsilon", "progress_interval", "log_every", "log_interval", "capture_video",
+             "save_model", "cuda", "track", "wandb_project_name", "wandb_entity", "wandb_tags")  # fmt: skip
 
 
 def resumed_args(args: Args) -> Args:
@@ -1451,27 +1435,22 @@ def resumed_args(args: Args) -> Args:
     finished = os.path.join("runs", state["run_name"], "finished")  # where the resumed run writes: has it ended there?
     end = int(open(finished).read()) if os.path.isfile(finished) else -1
     if state.get("global_step", end) < end:  # a stop's checkpoint left behind (one at the end extends the run)
-        fail(
-            f"'{args.resume}' holds step {state['global_step']:,} of a run that went on to finish at step {end:,}: resumed, "
-            f"it would train those steps again into runs/{state['run_name']}, over their events and final model; delete "
-            f"{finished} to do that anyway"
-        )
+        behind = f"'{args.resume}' holds step {state['global_step']:,} of a run that went on to finish at step {end:,}"
+        again = f"it would train those steps again into runs/{state['run_name']}, over their events and final model"
+        fail(f"{behind}: resumed, {again}; delete {finished} to do that anyway")
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
         if value == saved[name]:
             continue
         if name not in RESUMABLE:
-            fail(
-                f"{flag} {value} differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it "
-                f"learned with; leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
-            )
+            fix = f"leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
+            keeps = "a resumed run keeps the settings it learned with"
+            fail(f"{flag} {value} differs from the checkpoint's {saved[name]}, and {keeps}; {fix}")
         # a length that ends where the checkpoint is, or before: the resumed run would stop at once
         reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
-        if reached and value <= state.get(reached[1], -1):
-            fail(
-                f"{flag} {value} does not go past the checkpoint's {reached[0]} {state[reached[1]]:,}, where the run "
-                f"resumes; pass a {flag} above {state[reached[1]]} to extend the run"
-            )
+        if reached and value <= (at := state.get(reached[1], -1)):
+            fix = f"pass a {flag} above {at} to extend the run"
+            fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; {fix}")
         if os.environ.get("RANK", "0") == "0":
             print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
         saved[name] = value
@@ -1540,8 +1519,7 @@ def env_pool_bytes(env_id: str, num_envs: int) -> int:
 
 
 def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> int:
-    """Floats that one forward pass of `example` leaves for the backward pass: the outputs of every leaf module, counted
-    on a throwaway pass under a forked RNG (the run's seeded generators are untouched)."""
+    """Floats that a forward pass of `example` leaves for the backward pass (each leaf module's output), under a forked RNG."""
     counts = []
 
     def count(module, inputs, out):  # a recurrent layer returns (outputs, state): the backward pass keeps the outputs
@@ -1596,24 +1574,20 @@ def restore_rng(rng: dict, device: torch.device) -> None:
 
 def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
     """Tensorboard events in run_dir; with --track, first (sync_tensorboard mirrors the writer) a W&B run named as the run
-    directory, or a resumed run's, whose id its checkpoint holds. W&B's files stay in ./wandb: in runs/, tensorboard
-    would show their copy of the events as another run."""
+    directory, or the resumed one its checkpoint names; W&B's files stay in ./wandb (in runs/ they would show as a run)."""
     if args.track:
         import wandb
 
         try:
-            run = wandb.init(
-                project=args.wandb_project_name, entity=args.wandb_entity or None, tags=list(args.wandb_tags) or None,
-                name=os.path.basename(run_dir), id=getattr(args, "wandb_id", None), resume="allow",
-                config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True,
-            )  # fmt: skip
+            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=os.path.basename(run_dir),
+                             tags=list(args.wandb_tags) or None, id=getattr(args, "wandb_id", None), resume="allow",
+                             config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)  # fmt: skip
         except Exception as e:  # W&B's own errors (no login, a refused key) as one line; a new run leaves no directory
             if not os.listdir(run_dir) and not args.resume:
                 os.removedirs(run_dir)  # and runs/, if this was its only run
-            fail(
-                f"--track: Weights & Biases did not start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); log in "
-                "with wandb login (or set WANDB_API_KEY), or set WANDB_MODE=offline to keep the run on disk for wandb sync"
-            )
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            offline = "or set WANDB_MODE=offline to keep the run on disk for wandb sync"
+            fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login (or set WANDB_API_KEY), {offline}")
         args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
     # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
@@ -1624,16 +1598,10 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
     return writer
 
 
-def tracking_run():
-    """wandb, while a --track run is open (None otherwise)."""
-    wandb = sys.modules.get("wandb")
-    return wandb if wandb is not None and wandb.run is not None else None
-
-
 def close_writer(writer: SummaryWriter) -> None:
     """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
     writer.close()
-    if wandb := tracking_run():
+    if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
         wandb.finish()
 
 
@@ -1661,11 +1629,9 @@ class Progress:
             self.last_print = time.time()
             eta = seconds / max(done - self.start_done, 1) * (self.total - done)
             mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
-            print(
-                f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,} | return {mean}"
-                f" (last {len(self.recent_returns)} episodes){extra} | ETA {int(eta // 60)}m{int(eta % 60):02d}s",
-                flush=True,
-            )
+            line = f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,}"
+            line += f" | return {mean} (last {len(self.recent_returns)} episodes){extra}"
+            print(f"{line} | ETA {int(eta // 60)}m{int(eta % 60):02d}s", flush=True)
         return sps
 
     @contextlib.contextmanager
@@ -1755,13 +1721,12 @@ class NonFinite(ValueError):
 
 
 def finite_step(out: tuple, global_step: int) -> tuple:
-    """A vector env's step, passed on once its rewards and observations are finite, so that a NaN or inf stops the run
-    before anything learns from it or stores it (as Stable-Baselines3's VecCheckNan): one sum per array, about a
-    microsecond, and the search for the env only where a sum is not finite (a finite sum can overflow)."""
+    """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
+    anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
         if x.dtype.kind != "f" or math.isfinite(np.add.reduce(x, axis=None)):
             continue
-        if not (rows := np.isfinite(x.reshape(len(x), -1))).all():
+        if not (rows := np.isfinite(x.reshape(len(x), -1))).all():  # else the sum overflowed
             env = int(np.flatnonzero(~rows.all(axis=1))[0])
             where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
             value = x.reshape(len(x), -1)[env][~rows[env]][0]
@@ -1778,15 +1743,12 @@ def check_training(values: dict | list, global_step: int) -> dict | list:
     """An iteration's losses (and parameter sum), floats on the host, named or not, returned once finite."""
     for name, value in values.items() if isinstance(values, dict) else (("a loss", v) for v in values):
         if not np.isfinite(value):
-            raise NonFinite(
-                f"training turned non-finite at step {global_step:,} ({name} {value}): a learning rate too large, or "
-                "rewards too large (scale them)"
-            )
+            causes = "a learning rate too large, or rewards too large (scale them)"
+            raise NonFinite(f"training turned non-finite at step {global_step:,} ({name} {value}): {causes}")
     return values
 
 
 def kept_checkpoint(args) -> str:
-    """What is left to go on from: the checkpoint on disk, its step and the command to resume from it, or none."""
     kept, step = WRITTEN.get("checkpoint", (None, None))
     if kept is None or not os.path.exists(kept):
         return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
@@ -1795,7 +1757,6 @@ def kept_checkpoint(args) -> str:
 
 
 def resume_command(args, run_dir: str) -> str:
-    """The command that resumes this run from its checkpoint.pt (under torchrun, with as many processes)."""
     processes = getattr(args, "world_size", 1)
     launcher = f"torchrun --nproc_per_node {processes}" if processes > 1 else "python"
     return f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
@@ -1821,9 +1782,8 @@ def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
 
 
 # The numpy types a checkpoint holds (RNG state, host statistics), allowed by name to PyTorch's safe unpickler
-NUMPY_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint32, np.uint64, np.float32, np.float64)
 NUMPY_TYPES = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
-NUMPY_TYPES += [type(np.dtype(t)) for t in NUMPY_DTYPES]
+NUMPY_TYPES += [type(np.dtype(t)) for t in "bool uint8 int8 int16 int32 int64 uint32 uint64 float32 float64".split()]
 
 
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
@@ -1838,11 +1798,9 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     except Exception as e:
         if "WeightsUnpickler" in str(e):
             found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
-            kind = found and (found.group(1) or found.group(2))
-            fail(
-                f"'{path}' holds {kind or 'objects'} beside tensors and plain values, which no checkpoint holds, so it "
-                f"was not read (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust"
-            )
+            objects = found and (found.group(1) or found.group(2)) or "objects"
+            unread = f"'{path}' holds {objects} beside tensors and plain values, which no checkpoint holds, so it was not read"
+            fail(f"{unread} (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust")
         fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
     script = state.get("script") if isinstance(state, dict) else None
     if script != SCRIPT:
@@ -1850,19 +1808,14 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
         fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
     written = f"{SCRIPT} checkpoint format {state.get('format', '0 (from before format numbers)')}"
     if state.get("format") != CHECKPOINT_FORMAT:
-        fail(
-            f"'{path}' has {written}, and this {SCRIPT} reads format {CHECKPOINT_FORMAT}; rerun, or resume it with the "
-            f"version of {SCRIPT} that wrote it"
-        )
+        fix = f"rerun, or resume it with the version of {SCRIPT} that wrote it"
+        fail(f"'{path}' has {written}, and this {SCRIPT} reads format {CHECKPOINT_FORMAT}; {fix}")
     required = ["kind", "args", "run_name", "fields", *state.get("fields", [])]
-    missing = [k for k in required if k not in state] + ["args.env_id"] * ("env_id" not in state.get("args", {}))
-    if missing:
+    if missing := [k for k in required if k not in state] + ["args.env_id"] * ("env_id" not in state.get("args", {})):
         fail(f"'{path}' ({written}) lacks {', '.join(missing)}: it was cut short or edited; resume from another checkpoint")
     if state["kind"] != kind:
-        fail(
-            f"'{path}' is a final model, which has no optimiser state or step counters to resume from; pass the "
-            "runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
-        )
+        fix = "pass the runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
+        fail(f"'{path}' is a final model, which has no optimiser state or step counters to resume from; {fix}")
     if state["args"]["env_id"] != env_id:
         fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
     if kind == "checkpoint":  # the one a failed write names
@@ -1878,7 +1831,6 @@ def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_
 
 
 def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
-    """Where an evaluation's video goes (eval_<at>.mp4, or final.mp4 for the reloaded model), with --capture-video."""
     return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
 
 
@@ -1894,23 +1846,21 @@ def write_video(path: str | None, frames: list) -> None:
             with contextlib.suppress(OSError):
                 os.remove(path)  # no video cut short
             return
-        if wandb := tracking_run():  # the video uploaded beside the scalars
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, uploaded beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
 
 
 def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
-    """A periodic evaluation: eval/episodic_return is the mean of its episodes."""
     writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
     print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
 
 
 def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
-    """The evaluation of the model reloaded from disk: one eval/episodic_return point per episode, at the last step."""
+    """The model reloaded from disk: one eval/episodic_return point per episode, at the last step (log_eval: the mean)."""
     for episodic_return in returns:
         writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    print(
-        f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} episodes"
-    )
+    mean_std = f"{np.mean(returns):.1f} +- {np.std(returns):.1f}"
+    print(f"evaluation of {model_path}: mean return {mean_std} over {len(returns)} episodes")
     print(f"model: {model_path}")
 
 
@@ -1927,11 +1877,9 @@ def envpool_has(env_id: str) -> bool:
     it, so that once it says no, envpool.list_all_envs() lists every id (a family it was built without is passed over)."""
     if ":" in env_id:
         return False
-    families = (
-        "classic_control", "toy_text", "atari", "mujoco.gym", "procgen", "box2d", "minigrid", "vizdoom", "gfootball",
-        "mujoco.metaworld", "mujoco.myosuite", "mujoco.robotics", "highway", "pgx", "mujoco.dmc", "mujoco.playground",
-        "jumanji",
-    )  # fmt: skip
+    families = ("classic_control", "toy_text", "atari", "mujoco.gym", "procgen", "box2d", "minigrid", "vizdoom", "gfootball",
+                "mujoco.metaworld", "mujoco.myosuite", "mujoco.robotics", "highway", "pgx", "mujoco.dmc", "mujoco.playground",
+                "jumanji")  # fmt: skip
     for family in families:
         if env_id in envpool.list_all_envs():
             return True
