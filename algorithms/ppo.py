@@ -1654,10 +1654,11 @@ class NonFinite(ValueError):
 def finite_step(out: tuple, global_step: int) -> tuple:
     """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
     anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
-    for what, x in (("reward", out[1]), ("observation", out[0])):
-        if x.dtype.kind != "f" or math.isfinite(np.add.reduce(x, axis=None)):
-            continue
-        if not (rows := np.isfinite(x.reshape(len(x), -1))).all():  # else the sum overflowed
+    obs, reward = out[0], out[1]
+    if math.isfinite(np.add.reduce(reward)) and (obs.dtype.kind != "f" or math.isfinite(np.add.reduce(obs, axis=None))):
+        return out
+    for what, x in (("reward", reward), ("observation", obs)):
+        if x.dtype.kind == "f" and not (rows := np.isfinite(x.reshape(len(x), -1))).all():  # else the sum overflowed
             env = int(np.flatnonzero(~rows.all(axis=1))[0])
             where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
             value = x.reshape(len(x), -1)[env][~rows[env]][0]
