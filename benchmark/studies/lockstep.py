@@ -1,0 +1,349 @@
+"""One of this project's files and its CleanRL counterpart, run on the same data, from the same weights, with the same
+draws, on the CPU in float32: every parameter and Adam's moments compared after every optimiser step.
+
+    python benchmark/studies/lockstep.py                         # every pair; CleanRL's files fetched at CLEANRL_COMMIT
+    python benchmark/studies/lockstep.py --cleanrl PATH          # a clone of vwxyzjn/cleanrl (read with git show)
+    python benchmark/studies/lockstep.py --only ppo-atari --out benchmark/runs/lockstep.md
+
+A learning curve is a weak proof that two implementations do the same maths: two that differ in a detail can land in
+the same band. Here both sides step a scripted env (the same observations and rewards whatever the actions, standing in
+for envpool behind each side's own API), take their actions from a fixed sequence that neither policy chooses (so a
+near tie between two actions cannot split the runs), shuffle their minibatches with the same permutations, and start
+from the reference's initial weights, copied into ours by position once their names' roles and shapes are checked.
+What is compared is the update's maths: after every optimiser step, each parameter and each of Adam's moments must be
+within float32 rounding of the reference's (max |ours - reference| <= 1e-5 x (1 + the reference tensor's largest
+magnitude)); so must each minibatch's loss. CleanRL's file runs unchanged but for the ports cleanrl_speed.py lists.
+
+Each side runs in a child process of this script (`--side`), which installs the stand-ins and records what it
+compares; this process compares the two records. Its Atari file needs gym 0.23 on the path (--deps, as
+cleanrl_speed.py's). Prints one line per pair and `N of M pairs match`; exits 0 only when every pair matches.
+"""
+
+import argparse
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmark/studies, for the pinned CleanRL
+from cleanrl_speed import CLEANRL_COMMIT, PORTS, cleanrl_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 1e-5  # of (1 + the reference tensor's largest magnitude): float32 rounding over a few dozen Adam steps
+
+# (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules)
+PAIRS = {
+    "ppo-atari": (
+        "ppo.py Breakout-v5 (atari preset) against ppo_atari_envpool.py, 8 envs x 128 steps, 2 iterations",
+        ["ppo.py", "--env-id", "Breakout-v5", "--total-timesteps", "2048", "--no-cuda"],
+        ["cleanrl/ppo_atari_envpool.py", "--env-id", "Breakout-v5", "--total-timesteps", "2048", "--no-cuda"],
+        dict(obs_shape=(4, 84, 84), num_actions=4, lives=5),
+        {"network": "trunk", "encoder": "trunk", "actor": "actor", "critic": "critic"},
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The shared data and draws: a function of a counter only, so both sides see the same numbers in the same order
+# ---------------------------------------------------------------------------------------------------------------------
+def scripted_frames(step: int, num_envs: int, shape: tuple) -> np.ndarray:
+    """The stacked uint8 frames every env shows at vector step `step` (0: the reset): random, seeded by the step."""
+    return np.random.default_rng([1, step]).integers(0, 256, (num_envs, *shape), dtype=np.uint8)
+
+
+def scripted_rewards(step: int, num_envs: int) -> np.ndarray:
+    """Clipped Atari rewards, mostly 0, some +-1: the signal the value head and the advantages learn from."""
+    return np.random.default_rng([2, step]).choice(np.float32([-1, 0, 0, 0, 1]), num_envs)
+
+
+def scripted_actions(step: int, shape: tuple, num_actions: int) -> torch.Tensor:
+    """The actions taken at vector step `step`: a fixed sequence neither policy chooses."""
+    return torch.from_numpy(np.random.default_rng([3, step]).integers(0, num_actions, shape))
+
+
+def scripted_permutation(call: int, n: int) -> np.ndarray:
+    """The minibatch order of the `call`-th epoch."""
+    return np.random.default_rng([4, call]).permutation(n)
+
+
+class ScriptedPool:
+    """envpool's Atari pool as a script: reset and step return scripted_frames and scripted_rewards, no episode ends
+    (lives stay, nothing terminates or truncates), with envpool's info keys (reward, terminated, lives, env_id). The
+    gymnasium API (reset -> (obs, info), step -> 5 values) or, with env_type="gym", envpool's old gym one (reset ->
+    obs, step -> (obs, reward, done, info)), as CleanRL's envpool scripts call it."""
+
+    def __init__(self, spec: dict, num_envs: int, env_type: str):
+        self.spec, self.num_envs, self.old_api, self.step_count = spec, num_envs, env_type == "gym", 0
+        self.config = {"num_envs": num_envs}
+        import gymnasium
+
+        self.observation_space = gymnasium.spaces.Box(0, 255, spec["obs_shape"], np.uint8)
+        self.action_space = gymnasium.spaces.Discrete(spec["num_actions"])
+
+    def info(self, reward: np.ndarray) -> dict:
+        zeros = np.zeros(self.num_envs, dtype=np.int32)
+        lives = np.full(self.num_envs, self.spec["lives"], dtype=np.int32)
+        return dict(reward=reward, terminated=zeros, lives=lives, env_id=np.arange(self.num_envs, dtype=np.int32))
+
+    def reset(self, **kwargs):
+        obs = scripted_frames(0, self.num_envs, self.spec["obs_shape"])
+        return obs if self.old_api else (obs, self.info(np.zeros(self.num_envs, dtype=np.float32)))
+
+    def step(self, action):
+        assert len(np.asarray(action)) == self.num_envs
+        self.step_count += 1
+        obs = scripted_frames(self.step_count, self.num_envs, self.spec["obs_shape"])
+        reward, ended = scripted_rewards(self.step_count, self.num_envs), np.zeros(self.num_envs, dtype=bool)
+        if self.old_api:
+            return obs, reward, ended, self.info(reward)
+        return obs, reward, ended, ended.copy(), self.info(reward)
+
+    def close(self):
+        pass
+
+
+def old_gym_pool(pool: ScriptedPool):
+    """The pool as a gym 0.23 env, which CleanRL's wrappers (gym.Wrapper subclasses) need beneath them."""
+    import gym
+
+    class OldGymPool(gym.Env):
+        def __init__(self):
+            self.num_envs, self.config = pool.num_envs, pool.config
+            self.observation_space = gym.spaces.Box(0, 255, pool.spec["obs_shape"], np.uint8)
+            self.action_space = gym.spaces.Discrete(pool.spec["num_actions"])
+
+        def reset(self, **kwargs):
+            return pool.reset()
+
+        def step(self, action):
+            return pool.step(action)
+
+    return OldGymPool()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One side, in a child process: the stand-ins installed, the script run, what it did recorded
+# ---------------------------------------------------------------------------------------------------------------------
+def optimised_module(params: list) -> tuple[str, ...]:
+    """The names of `params` in the module that holds exactly them (found among the live objects): their roles."""
+    import gc
+
+    ids = [id(p) for p in params]
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.nn.Module) and [id(p) for p in obj.parameters()] == ids:
+            return tuple(name for name, _ in obj.named_parameters())
+    raise SystemExit("lockstep.py: error: no module holds exactly the optimiser's parameters")
+
+
+def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None) -> None:
+    """Runs `script` (as __main__, with flags) with the stand-ins; writes to `record` the optimised parameters' names,
+    their initial values and, after every optimiser step, the parameters, Adam's moments and the minibatch's loss.
+    With `start` (the reference's record), the parameters are set to its initial values before the first step."""
+    import envpool
+
+    spec, roles = PAIRS[pair][3], PAIRS[pair][4]
+    pools = []
+
+    def make(task_id, env_type="gymnasium", num_envs=1, **kwargs):
+        pools.append(ScriptedPool(spec, num_envs, env_type))
+        return old_gym_pool(pools[-1]) if env_type == "gym" else pools[-1]
+
+    envpool.make = make
+    counts = {"perm": 0}
+
+    def sample(dist, sample_shape=()):  # the actions of the pool's next step: a throwaway pass (ours reckons its
+        step = pools[-1].step_count + 1 if pools else 0  # storage with one before the envs exist) draws none
+        return scripted_actions(step, dist.batch_shape, spec["num_actions"])
+
+    torch.distributions.Categorical.sample = sample
+
+    def shuffle(x):  # CleanRL: np.random.shuffle(b_inds), the indices 0..n-1 in some order, once per epoch
+        counts["perm"] += 1
+        x[:] = scripted_permutation(counts["perm"], len(x))  # the epoch's order itself, as ours takes it from randperm
+
+    def randperm(n, *args, device=None, **kwargs):  # ours: torch.randperm once per epoch
+        counts["perm"] += 1
+        return torch.as_tensor(scripted_permutation(counts["perm"], n), device=device)
+
+    np.random.shuffle, torch.randperm = shuffle, randperm
+    out = {"names": None, "initial": None, "steps": [], "losses": []}
+    reference = torch.load(start, weights_only=True) if start is not None else None
+    adam_init = torch.optim.Adam.__init__
+
+    def init(optimizer, params, *args, **kwargs):
+        params = list(params)
+        names = optimised_module(params)
+        out["names"] = [(roles.get(name.split(".")[0], "?"), tuple(p.shape)) for name, p in zip(names, params, strict=True)]
+        if start is not None:
+            if out["names"] != reference["names"]:
+                raise SystemExit(
+                    f"lockstep.py: error: {pair}: the networks differ, ours {out['names']}, the reference's "
+                    f"{reference['names']}; the weights are copied by position only where roles and shapes match"
+                )
+            with torch.no_grad():
+                for p, value in zip(params, reference["initial"], strict=True):
+                    p.copy_(value)
+        out["initial"] = [p.detach().clone() for p in params]
+        adam_init(optimizer, params, *args, **kwargs)
+
+    torch.optim.Adam.__init__ = init
+
+    def after_step(optimizer, args, kwargs):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        moments = [optimizer.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+        out["steps"].append(([p.detach().clone() for p in params], [m.clone() for m in moments]))
+        if start is not None and len(out["steps"]) <= len(reference["steps"]):  # in step: go on from the reference's
+            with torch.no_grad():
+                values, moments_then = reference["steps"][len(out["steps"]) - 1]
+                for mine, theirs in zip(params + moments, values + moments_then, strict=True):
+                    mine.copy_(theirs)
+
+    register_optimizer_step_post_hook(after_step)
+    backward = torch.Tensor.backward
+
+    def recorded_backward(loss, *args, **kwargs):
+        out["losses"].append(float(loss.detach()))
+        return backward(loss, *args, **kwargs)
+
+    torch.Tensor.backward = recorded_backward
+    sys.argv = [script, *flags]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            raise
+    torch.save(out, record)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The comparison, in this process
+# ---------------------------------------------------------------------------------------------------------------------
+def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
+    """(the largest difference over the tolerance's scale, a kinked unit's left out; the optimiser steps compared; the
+    steps where a ReLU sat at its kink; the first mismatch or None). A step matches when every tensor is within the
+    tolerance, or when what is not lies in one unit (a row or output channel, its bias and their moments): one ReLU
+    whose input was within rounding of 0 in one sample, on one side only, turns that unit's gradient on or off there.
+    Ours goes on from the reference's values after each step (run_side), so such a step leaves nothing behind. A
+    change of the maths moves the loss or more than one unit."""
+    if len(ours["steps"]) != len(reference["steps"]) or not reference["steps"]:
+        return float("nan"), 0, 0, f"{len(ours['steps'])} optimiser steps against the reference's {len(reference['steps'])}"
+    names = [f"{role} {i} {shape}" for i, (role, shape) in enumerate(reference["names"])]
+    names += [f"{n}: Adam's {m}" for n in names for m in ("exp_avg", "exp_avg_sq")]
+    layers = [i // 2 for i in range(len(reference["names"]))]  # (weight, bias) pairs: one layer
+    layers += [layer for layer in layers for _ in range(2)]
+    worst, kinks = 0.0, 0
+    for k, (mine, theirs) in enumerate(zip(ours["steps"], reference["steps"], strict=True), 1):
+        units = []  # (layer, unit, name, difference over the tolerance's scale) of every unit
+        for layer, name, a, b in zip(layers, names, [*mine[0], *mine[1]], [*theirs[0], *theirs[1]], strict=True):
+            per_unit = (a - b).abs().reshape(len(a), -1).amax(dim=1) / (1.0 + b.abs().max().item())
+            units += [(layer, unit, name, diff) for unit, diff in enumerate(per_unit.tolist())]
+        over = [u for u in units if not u[3] <= TOLERANCE]
+        kinked = {(layer, unit) for layer, unit, _, _ in over}
+        if len(kinked) > 1:
+            _, unit, name, diff = max(over, key=lambda u: u[3])
+            return worst, k, kinks, f"DIFFERS at step {k}, {name} unit {unit} (difference {diff:.3g} of its scale)"
+        worst = max([worst] + [diff for layer, unit, _, diff in units if (layer, unit) not in kinked])
+        kinks += bool(over)
+        loss_ours, loss_ref = ours["losses"][k - 1], reference["losses"][k - 1]
+        if not abs(loss_ours - loss_ref) <= TOLERANCE * (1 + abs(loss_ref)):
+            return worst, k, kinks, f"DIFFERS at step {k}, the loss ({loss_ours:.7g} against {loss_ref:.7g})"
+    return worst, len(reference["steps"]), kinks, None
+
+
+def write_cleanrl_file(path: str, tree: Path, clone: str | None) -> Path:
+    text = cleanrl_file(path, clone, Path.home() / ".cache" / "cleanrl_speed")
+    for file, _why, old, new in PORTS:
+        if file == path:
+            text = text.replace(old, new)
+    (tree / path).parent.mkdir(parents=True, exist_ok=True)
+    (tree / path).write_text(text)
+    return tree / path
+
+
+def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str) -> str:
+    """One side in a child process (run_side) in a folder of its own; '' when it ran, else its last line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([deps, os.environ.get("PYTHONPATH", "")]), "PYTHONWARNINGS": "ignore"}
+    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, __file__, "--side", side, "--pair", pair, "--script", str(script), "--record", str(record)]
+    cmd += ["--start", str(start)] if start else []
+    with tempfile.TemporaryDirectory() as cwd:
+        proc = subprocess.run([*cmd, "--", *flags], cwd=cwd, env=env, capture_output=True, text=True)
+    return "" if proc.returncode == 0 else (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+
+
+def pair_line(pair: str, ours: Path, reference: Path) -> str:
+    worst, steps, kinks, mismatch = compare(*(torch.load(record, weights_only=True) for record in (ours, reference)))
+    if mismatch:
+        return f"{pair}: {mismatch}"
+    kinked = f" (and one unit at a ReLU's kink in {kinks} of them)" if kinks else ""
+    return f"{pair}: max difference {worst:.2g} after {steps} optimiser steps{kinked}: match"
+
+
+def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
+    """Both sides of a pair, the reference first (ours starts from its weights); the pair's line."""
+    _, our_cmd, cleanrl, _, _ = PAIRS[pair]
+    records = {side: tree / f"{pair}_{side}.pt" for side in ("reference", "ours")}
+    reference = write_cleanrl_file(cleanrl[0], tree, clone)
+    for side, script, flags, start in (
+        ("reference", reference, cleanrl[1:], None),
+        ("ours", ours / our_cmd[0], our_cmd[1:], records["reference"]),
+    ):
+        if failed := side_process(side, pair, script, flags, records[side], start, deps):
+            return f"{pair}: the {side} side failed: {failed}"
+    return pair_line(pair, records["ours"], records["reference"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cleanrl", default=None, help="a clone of vwxyzjn/cleanrl (default: fetch its files from GitHub)")
+    p.add_argument("--deps", default="/tmp/cleanrl_deps", help="PYTHONPATH entries for CleanRL's extra needs (':')")
+    p.add_argument("--only", nargs="*", default=None, choices=list(PAIRS), help="pairs to run (default: all)")
+    p.add_argument("--ours", default=str(ROOT / "algorithms"), help="the folder of our files (default: this checkout's)")
+    p.add_argument("--out", default=None, help="also write the table as markdown here")
+    p.add_argument("--keep", default=None, help="a folder to keep each side's record in (<pair>_<side>.pt)")
+    p.add_argument("--side", choices=["ours", "reference"], help=argparse.SUPPRESS)
+    p.add_argument("--pair", help=argparse.SUPPRESS)
+    p.add_argument("--script", help=argparse.SUPPRESS)
+    p.add_argument("--record", help=argparse.SUPPRESS)
+    p.add_argument("--start", help=argparse.SUPPRESS)
+    p.add_argument("flags", nargs="*", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.side:
+        run_side(args.side, args.pair, args.script, args.flags, args.record, args.start)
+        return 0
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(args.keep or tmp)
+        tree.mkdir(parents=True, exist_ok=True)
+        for pair in args.only or list(PAIRS):
+            start = time.time()
+            lines.append(run_pair(pair, tree, args.cleanrl, args.deps, Path(args.ours)))
+            print(f"{lines[-1]} ({time.time() - start:.0f} s)", flush=True)
+    matched = sum(line.endswith(": match") for line in lines)
+    print(f"{matched} of {len(lines)} pairs match")
+    if args.out:
+        rows = "\n".join(f"| {PAIRS[line.split(':')[0]][0]} | {line.split(': ', 1)[1]} |" for line in lines)
+        Path(args.out).write_text(
+            f"# Lockstep against CleanRL at {CLEANRL_COMMIT[:8]}\n\n"
+            "Each pair: our file and CleanRL's on the same scripted data, from the same initial weights, with the same "
+            "actions and minibatch orders, on the CPU in float32 ([benchmark/studies/lockstep.py](../studies/lockstep.py) "
+            "says how). After every optimiser step, every parameter and both of Adam's moments are compared with the "
+            "reference's; the difference is the largest |ours - reference| over 1 + the reference tensor's largest "
+            f"magnitude, and a match needs it within {TOLERANCE:g} (float32 rounding) and each minibatch's loss as close. "
+            "Ours then goes on from the reference's values, so each step is judged on its own. A step where one unit "
+            "alone is off (a ReLU whose input sat within rounding of 0 in one sample) is counted, not failed.\n\n"
+            f"    python benchmark/studies/lockstep.py{' --only ' + ' '.join(args.only) if args.only else ''}\n\n"
+            f"| pair | result |\n|---|---|\n{rows}\n\n{matched} of {len(lines)} pairs match.\n"
+        )
+    return 0 if matched == len(lines) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

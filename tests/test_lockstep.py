@@ -1,0 +1,95 @@
+"""benchmark/studies/lockstep.py without CleanRL: its scripted env against the envpool API each side calls, and the
+harness run on ppo.py against copies of itself: an unchanged copy matches to the bit (the same data, weights and draws
+reach both sides), a planted change in the loss is reported as DIFFERS at the first step, and a network of another shape
+is refused before its weights are copied."""
+
+import shutil
+import sys
+
+import envpool
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmark" / "studies"))
+import lockstep  # noqa: E402
+
+SPEC = lockstep.PAIRS["ppo-atari"][3]
+
+
+def test_the_scripted_pool_speaks_envpools_gymnasium_api_as_breakout_does():
+    real = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=2, seed=0)
+    scripted = lockstep.ScriptedPool(SPEC, 2, "gymnasium")
+    assert scripted.observation_space == real.observation_space and scripted.action_space == real.action_space
+    obs, real_obs = scripted.reset()[0], real.reset()[0]
+    assert obs.shape == real_obs.shape and obs.dtype == real_obs.dtype
+    for out, real_out in ((scripted.step(np.zeros(2)), real.step(np.zeros(2, dtype=np.int32))),):
+        assert len(out) == len(real_out) == 5
+        for mine, theirs in zip(out[:4], real_out[:4], strict=True):
+            assert mine.shape == theirs.shape and mine.dtype.kind == theirs.dtype.kind
+        for key in ("reward", "terminated", "lives", "env_id"):  # what ppo.py and CleanRL's wrapper read
+            assert out[4][key].shape == real_out[4][key].shape and out[4][key].dtype.kind == real_out[4][key].dtype.kind
+        assert not (out[2] | out[3]).any() and (out[4]["lives"] > 0).all()  # no episode ends
+
+
+def test_the_old_gym_api_gives_the_same_data_as_the_gymnasium_one():
+    new, old = lockstep.ScriptedPool(SPEC, 3, "gymnasium"), lockstep.ScriptedPool(SPEC, 3, "gym")
+    np.testing.assert_array_equal(new.reset()[0], old.reset())
+    for _ in range(3):
+        obs, reward, term, trunc, info = new.step(np.ones(3))
+        old_obs, old_reward, done, old_info = old.step(np.ones(3))
+        np.testing.assert_array_equal(obs, old_obs)
+        np.testing.assert_array_equal(reward, old_reward)
+        np.testing.assert_array_equal(term | trunc, done)
+        np.testing.assert_array_equal(info["reward"], old_info["reward"])
+    frames = [lockstep.scripted_frames(step, 3, SPEC["obs_shape"]) for step in (1, 2)]
+    assert not np.array_equal(*frames)  # the frames change from step to step
+
+
+# 2 iterations of 4 envs x 32 steps, 2 epochs of 2 minibatches: 8 optimiser steps
+FLAGS = ["--env-id", "Breakout-v5", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
+FLAGS += ["--total-timesteps", "256", "--no-cuda"]
+
+
+def planted(tmp_path, name: str, old: str, new: str):
+    """A copy of ppo.py with one change."""
+    text = (ROOT / "algorithms" / "ppo.py").read_text()
+    assert text.count(old) == 1, old
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "ppo.py").write_text(text.replace(old, new))
+    return folder / "ppo.py"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An unchanged copy of ppo.py, run as the reference side once."""
+    tmp = tmp_path_factory.mktemp("lockstep")
+    (tmp / "copy").mkdir()
+    shutil.copy(ROOT / "algorithms" / "ppo.py", tmp / "copy" / "ppo.py")
+    failed = lockstep.side_process("reference", "ppo-atari", tmp / "copy" / "ppo.py", FLAGS, tmp / "reference.pt", None, "")
+    assert not failed, failed
+    return tmp / "reference.pt"
+
+
+def ours(script, reference, tmp_path) -> str:
+    failed = lockstep.side_process("ours", "ppo-atari", script, FLAGS, tmp_path / "ours.pt", reference, "")
+    return failed or lockstep.pair_line("ppo-atari", tmp_path / "ours.pt", reference)
+
+
+def test_an_unchanged_copy_matches_to_the_bit(reference, tmp_path):
+    line = ours(ROOT / "algorithms" / "ppo.py", reference, tmp_path)
+    assert line == "ppo-atari: max difference 0 after 8 optimiser steps: match", line
+
+
+def test_a_planted_change_in_the_loss_differs_at_the_first_step(reference, tmp_path):
+    script = planted(tmp_path, "planted", "v_loss = 0.5 * masked_mean(torch.max(", "v_loss = 0.55 * masked_mean(torch.max(")
+    line = ours(script, reference, tmp_path)
+    assert line.startswith("ppo-atari: DIFFERS at step 1, "), line
+
+
+def test_a_network_of_another_shape_is_refused_before_its_weights_are_copied(reference, tmp_path):
+    script = planted(tmp_path, "narrower", "nn.Conv2d(64, 64, 3, stride=1)", "nn.Conv2d(64, 32, 3, stride=1)")
+    line = ours(script, reference, tmp_path)
+    assert "the networks differ" in line and "copied by position only where roles and shapes match" in line, line
