@@ -15,6 +15,7 @@ other processes on the same cores distort every figure, ratios less than absolut
 import argparse
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -185,13 +186,26 @@ def machine() -> str:
     return f"Machine: {os.cpu_count()} cores ({cpu}), torch {torch.__version__}, envpool {envpool.__version__}"
 
 
-def scaling(steps_scale: float, out: str) -> str:
+def command_line(argv: list[str], out: str) -> str:
+    """The command that made a table, as typed, with the file it wrote (a table says what made it)."""
+    kept, skip = [], False
+    for arg in argv:  # --out as given is replaced by the path written
+        if skip or arg == "--out" or arg.startswith("--out="):
+            skip = arg == "--out"
+            continue
+        kept.append(arg)
+    return " ".join(["python benchmark/speed.py", *map(shlex.quote, kept), "--out", os.path.relpath(out, ROOT)])
+
+
+def scaling(steps_scale: float, out: str, only: list[str] | None = None, command: str = "") -> str:
     """Each SCALING row twice on the same cores, back to back: one process with 2 torch threads, then 2 torchrun processes
     with one thread each and half the envs each; their SPS (all processes' steps over process 0's training time, the
     last charts/SPS: for ppg_procgen.py its auxiliary phase included) and whole-run wall times, and the ratio of the
     two SPS."""
     rows = []
     for algo, env_id, num_envs, steps, flags in SCALING:
+        if only is not None and algo not in only and f"{algo}:{env_id}" not in only:
+            continue
         budget = max(int(steps * steps_scale), 1)
         runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
         (one, one_s), (two, two_s) = ((logged["charts/SPS"][-1][1], seconds) for logged, seconds in runs)
@@ -202,7 +216,7 @@ def scaling(steps_scale: float, out: str) -> str:
         [
             "# One process with two threads against two processes with one thread each",
             "",
-            f"{machine()}, CPU (gloo). Command: `python benchmark/speed.py --scaling --out {os.path.relpath(out, ROOT)}`. "
+            f"{machine()}, CPU (gloo). Command: `{command or 'python benchmark/speed.py --scaling'}`. "
             "SPS: all processes' env steps per second of training (evaluation excluded; ppg_procgen.py: both phases, 64 "
             "envs x 64 steps, an auxiliary phase after iteration 2); in brackets the whole run's wall time, start-up "
             "included.",
@@ -243,10 +257,11 @@ def tables(argv: list[str] | None) -> str:
         "tables in benchmark/results are rewritten only when named here)",
     )
     p.add_argument("--scaling", action="store_true", help="time the torchrun rows with 1 and 2 processes instead")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
     args.out = args.out or str(ROOT / "benchmark" / "runs" / ("speed_scaling.md" if args.scaling else "speed.md"))
     if args.scaling:
-        return scaling(args.steps_scale, args.out)
+        return scaling(args.steps_scale, args.out, args.only, command_line(argv, args.out))
     configs = [c for c in CONFIGS if args.only is None or c[0] in args.only or f"{c[0]}:{c[1]}" in args.only]
     rows, cuda = [], torch.cuda.is_available()
     for algo, env_id, num_envs, steps, flags in configs:
@@ -271,7 +286,7 @@ def tables(argv: list[str] | None) -> str:
             "",
             f"{machine()}, "
             f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
-            f"Command: `python benchmark/speed.py --out {os.path.relpath(args.out, ROOT)}`.",
+            f"Command: `{command_line(argv, args.out)}`" + (" (its rows; the others as they were)." if args.only else "."),
             "",
             "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --bf16: script SPS (x"
             " default's) | --compile: second-half SPS (x eager's) | --compile --cudagraphs |",

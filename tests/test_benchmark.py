@@ -221,6 +221,14 @@ def test_scaling_rows_time_one_process_with_two_threads_against_two_processes_wi
     assert [c[:3] for c in calls[::2]] == [(a, e, int(n * 0.5)) for a, e, _, n, _ in speed.SCALING]
     rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == len(speed.SCALING) and all(row.endswith("| 1,000 (10 s) | 1,500 (20 s) | 1.50x |") for row in rows)
+    out = os.path.relpath(tmp_path / "s.md", speed.ROOT)
+    assert f"Command: `python benchmark/speed.py --scaling --steps-scale 0.5 --out {out}`" in text  # as run
+    # --only names the rows to time here too
+    calls.clear()
+    algo, env_id = speed.SCALING[0][:2]
+    text = speed.main(["--scaling", "--only", f"{algo}:{env_id}", "--out", str(tmp_path / "one.md")])
+    assert [c[:2] for c in calls] == [(algo, env_id)] * 2
+    assert f"--only {algo}:{env_id}" in text
 
 
 def sps_events(rate: float, start: float = 0.0) -> dict:
