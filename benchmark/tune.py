@@ -376,16 +376,15 @@ class Tuner:
 
     def progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """The line printed as each trial ends: finished count, its state and value, the best so far."""
-        with self.lock:
-            self.finished += trial.state in FINISHED
-            done = self.finished
         value = f" value {trial.value:.4g}" if trial.value is not None else ""
         best = max(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value, default=None)
         best = f" (best {best.value:.4g} at #{best.number})" if best else ""
         error = f" {trial.user_attrs['error']}" if "error" in trial.user_attrs else ""
         seconds = trial.duration.total_seconds() if trial.duration else 0
-        print(f"trial {done}/{self.args.trials} (#{trial.number}) {trial.state.name}{value}{best}{error} | "
-              f"{format_seconds(seconds)}", flush=True)  # fmt: skip
+        with self.lock:  # the count and its line together: two trials that end at once print whole lines, in order
+            self.finished += trial.state in FINISHED
+            print(f"trial {self.finished}/{self.args.trials} (#{trial.number}) {trial.state.name}{value}{best}{error} | "
+                  f"{format_seconds(seconds)}", flush=True)  # fmt: skip
 
 
 def settings(args: argparse.Namespace, extra: list[str]) -> dict:
