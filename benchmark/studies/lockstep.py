@@ -47,15 +47,28 @@ PAIRS = {
         dict(obs_shape=(4, 84, 84), num_actions=4, lives=5),
         {"network": "trunk", "encoder": "trunk", "actor": "actor", "critic": "critic"},
     ),
+    "ppo-classic": (
+        "ppo.py CartPole-v1 (classic preset) against ppo.py, 4 envs x 128 steps, 2 iterations",
+        ["ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-cuda"],
+        ["cleanrl/ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-cuda"],
+        dict(obs_shape=(4,), num_actions=2),
+        {"actor": "actor", "critic": "critic"},
+    ),
 }
+ROLES = ("trunk", "actor", "critic")  # the order both sides' parameters are recorded and copied in (CleanRL's ppo.py
+# makes its critic first, ours its actor): by role, then by position within the role
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The shared data and draws: a function of a counter only, so both sides see the same numbers in the same order
 # ---------------------------------------------------------------------------------------------------------------------
 def scripted_frames(step: int, num_envs: int, shape: tuple) -> np.ndarray:
-    """The stacked uint8 frames every env shows at vector step `step` (0: the reset): random, seeded by the step."""
-    return np.random.default_rng([1, step]).integers(0, 256, (num_envs, *shape), dtype=np.uint8)
+    """The observations every env shows at vector step `step` (0: the reset), seeded by the step: stacked uint8 frames
+    (three dimensions), else float32 vectors."""
+    rng = np.random.default_rng([1, step])
+    if len(shape) == 3:
+        return rng.integers(0, 256, (num_envs, *shape), dtype=np.uint8)
+    return rng.standard_normal((num_envs, *shape), dtype=np.float32)
 
 
 def scripted_rewards(step: int, num_envs: int) -> np.ndarray:
@@ -74,20 +87,25 @@ def scripted_permutation(call: int, n: int) -> np.ndarray:
 
 
 class ScriptedPool:
-    """envpool's Atari pool as a script: reset and step return scripted_frames and scripted_rewards, no episode ends
-    (lives stay, nothing terminates or truncates), with envpool's info keys (reward, terminated, lives, env_id). The
-    gymnasium API (reset -> (obs, info), step -> 5 values) or, with env_type="gym", envpool's old gym one (reset ->
-    obs, step -> (obs, reward, done, info)), as CleanRL's envpool scripts call it."""
+    """A vector env as a script: reset and step return scripted_frames and scripted_rewards, and no episode ends.
+    It stands in for envpool's Atari pool, with envpool's info keys (reward, terminated, lives, env_id), or for a
+    gymnasium vector env (SyncVectorEnv, make_vec; no info). The gymnasium API (reset -> (obs, info), step -> 5
+    values) or, with env_type="gym", envpool's old gym one (reset -> obs, step -> (obs, reward, done, info)), as
+    CleanRL's envpool scripts call it."""
 
     def __init__(self, spec: dict, num_envs: int, env_type: str):
         self.spec, self.num_envs, self.old_api, self.step_count = spec, num_envs, env_type == "gym", 0
         self.config = {"num_envs": num_envs}
         import gymnasium
 
-        self.observation_space = gymnasium.spaces.Box(0, 255, spec["obs_shape"], np.uint8)
-        self.action_space = gymnasium.spaces.Discrete(spec["num_actions"])
+        frames = len(spec["obs_shape"]) == 3
+        low, high, dtype = (0, 255, np.uint8) if frames else (-np.inf, np.inf, np.float32)
+        self.single_observation_space = self.observation_space = gymnasium.spaces.Box(low, high, spec["obs_shape"], dtype)
+        self.single_action_space = self.action_space = gymnasium.spaces.Discrete(spec["num_actions"])
 
     def info(self, reward: np.ndarray) -> dict:
+        if "lives" not in self.spec:  # a gymnasium vector env: no info of its own
+            return {}
         zeros = np.zeros(self.num_envs, dtype=np.int32)
         lives = np.full(self.num_envs, self.spec["lives"], dtype=np.int32)
         return dict(reward=reward, terminated=zeros, lives=lives, env_id=np.arange(self.num_envs, dtype=np.int32))
@@ -156,6 +174,14 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         return old_gym_pool(pools[-1]) if env_type == "gym" else pools[-1]
 
     envpool.make = make
+    import gymnasium
+
+    def make_vec(env_id, num_envs=1, **kwargs):  # ours: gymnasium's vector env for a few CartPoles
+        pools.append(ScriptedPool(spec, num_envs, "gymnasium"))
+        return pools[-1]
+
+    gymnasium.make_vec = make_vec
+    gymnasium.vector.SyncVectorEnv = lambda thunks, **kwargs: make_vec("", len(thunks))  # CleanRL's ppo.py
     counts = {"perm": 0}
 
     def sample(dist, sample_shape=()):  # the actions of the pool's next step: a throwaway pass (ours reckons its
@@ -175,12 +201,13 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     np.random.shuffle, torch.randperm = shuffle, randperm
     out = {"names": None, "initial": None, "steps": [], "losses": []}
     reference = torch.load(start, weights_only=True) if start is not None else None
-    adam_init = torch.optim.Adam.__init__
+    adam_init, order = torch.optim.Adam.__init__, []  # order: the optimiser's parameters by role
 
     def init(optimizer, params, *args, **kwargs):
         params = list(params)
-        names = optimised_module(params)
-        out["names"] = [(roles.get(name.split(".")[0], "?"), tuple(p.shape)) for name, p in zip(names, params, strict=True)]
+        found = [roles.get(name.split(".")[0], "?") for name in optimised_module(params)]
+        order.extend(sorted(range(len(params)), key=lambda i: (ROLES + ("?",)).index(found[i])))
+        out["names"] = [(found[i], tuple(params[i].shape)) for i in order]
         if start is not None:
             if out["names"] != reference["names"]:
                 raise SystemExit(
@@ -188,15 +215,16 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
                     f"{reference['names']}; the weights are copied by position only where roles and shapes match"
                 )
             with torch.no_grad():
-                for p, value in zip(params, reference["initial"], strict=True):
-                    p.copy_(value)
-        out["initial"] = [p.detach().clone() for p in params]
+                for i, value in zip(order, reference["initial"], strict=True):
+                    params[i].copy_(value)
+        out["initial"] = [params[i].detach().clone() for i in order]
         adam_init(optimizer, params, *args, **kwargs)
 
     torch.optim.Adam.__init__ = init
 
     def after_step(optimizer, args, kwargs):
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = [params[i] for i in order]  # by role (ROLES)
         moments = [optimizer.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
         out["steps"].append(([p.detach().clone() for p in params], [m.clone() for m in moments]))
         if start is not None and len(out["steps"]) <= len(reference["steps"]):  # in step: go on from the reference's
