@@ -137,18 +137,24 @@ def cleanrl_file(path: str, clone: str | None, cache: Path) -> str:
     return local.read_text()
 
 
+def write_ported(path: str, tree: Path, clone: str | None, cache: Path) -> Path:
+    """CleanRL's file `path` written under `tree` with its PORTS applied; its path there."""
+    text = cleanrl_file(path, clone, cache)
+    for file, why, old, new in PORTS:
+        if file == path:
+            if text.count(old) != 1:
+                sys.exit(f"cleanrl_speed.py: error: the port '{why}' does not apply to {path} at {CLEANRL_COMMIT[:8]}")
+            text = text.replace(old, new)
+    (tree / path).parent.mkdir(parents=True, exist_ok=True)
+    (tree / path).write_text(text)
+    return tree / path
+
+
 def write_cleanrl(tree: Path, clone: str | None, cache: Path) -> None:
     """CleanRL's scripts and cleanrl_utils/buffers.py under `tree`, with PORTS applied."""
     files = {cleanrl[0] for _, _, cleanrl in ROWS.values()} | {"cleanrl_utils/buffers.py"}
     for path in sorted(files):
-        text = cleanrl_file(path, clone, cache)
-        for file, why, old, new in PORTS:
-            if file == path:
-                if text.count(old) != 1:
-                    sys.exit(f"cleanrl_speed.py: error: the port '{why}' does not apply to {path} at {CLEANRL_COMMIT[:8]}")
-                text = text.replace(old, new)
-        (tree / path).parent.mkdir(parents=True, exist_ok=True)
-        (tree / path).write_text(text)
+        write_ported(path, tree, clone, cache)
     (tree / "cleanrl_utils" / "__init__.py").write_text("")
 
 

@@ -33,7 +33,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmark/studies, for the pinned CleanRL
-from cleanrl_speed import CLEANRL_COMMIT, PORTS, cleanrl_file  # noqa: E402
+from cleanrl_speed import CLEANRL_COMMIT, write_ported  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5  # of (1 + the reference tensor's largest magnitude): float32 rounding over a few dozen Adam steps
@@ -285,16 +285,6 @@ def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
     return worst, len(reference["steps"]), kinks, None
 
 
-def write_cleanrl_file(path: str, tree: Path, clone: str | None) -> Path:
-    text = cleanrl_file(path, clone, Path.home() / ".cache" / "cleanrl_speed")
-    for file, _why, old, new in PORTS:
-        if file == path:
-            text = text.replace(old, new)
-    (tree / path).parent.mkdir(parents=True, exist_ok=True)
-    (tree / path).write_text(text)
-    return tree / path
-
-
 def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str) -> str:
     """One side in a child process (run_side) in a folder of its own; '' when it ran, else its last line."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([deps, os.environ.get("PYTHONPATH", "")]), "PYTHONWARNINGS": "ignore"}
@@ -318,7 +308,7 @@ def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) ->
     """Both sides of a pair, the reference first (ours starts from its weights); the pair's line."""
     _, our_cmd, cleanrl, _, _ = PAIRS[pair]
     records = {side: tree / f"{pair}_{side}.pt" for side in ("reference", "ours")}
-    reference = write_cleanrl_file(cleanrl[0], tree, clone)
+    reference = write_ported(cleanrl[0], tree, clone, Path.home() / ".cache" / "cleanrl_speed")
     for side, script, flags, start in (
         ("reference", reference, cleanrl[1:], None),
         ("ours", ours / our_cmd[0], our_cmd[1:], records["reference"]),
