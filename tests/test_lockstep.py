@@ -4,16 +4,13 @@ reach both sides), a planted change in the loss is reported as DIFFERS at the fi
 is refused before its weights are copied."""
 
 import shutil
-import sys
 
 import envpool
 import numpy as np
 import pytest
 
+from benchmark.studies import lockstep
 from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmark" / "studies"))
-import lockstep  # noqa: E402
 
 SPEC = lockstep.PAIRS["ppo-atari"][3]
 
