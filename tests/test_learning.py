@@ -149,7 +149,7 @@ def test_qlearning_learns_mountaincar_on_a_discretised_grid(tmp_path):
 
 
 def corridor_run(cwd, name: str, *flags: str):
-    """rnd_ppo.py, unchanged, on tests/pixel_corridor.py's corridor of 30 cells (16 envs x 64 steps, 12,288 steps,
+    """rnd_ppo.py, unchanged, on tests/pixel_corridor.py's corridor of 40 cells (16 envs x 64 steps, 12,288 steps,
     two random rollouts for the observation statistics), in this process; returns the returns of the episodes that
     ended in the last quarter of the run."""
     argv = [
@@ -164,13 +164,13 @@ def corridor_run(cwd, name: str, *flags: str):
 
 @pytest.mark.learning
 def test_rnd_finds_the_reward_that_the_same_run_without_intrinsic_reward_does_not(tmp_path):
-    """A hard-exploration task in small: a corridor of 30 cells drawn as Atari frames, 1 for reaching its far end in
-    100 steps, nothing else (tests/pixel_corridor.py). A uniform random walk gets there in 11 of 200,000 episodes
-    (measured here), so the extrinsic reward alone gives PPO nothing to learn from; RND's novelty leads the agent to
-    cells it has not seen, and so to the reward. Measured on 2 CPU cores, one thread, seeds 1-4: the episodes of steps
-    8,192-12,288 average 1.0 / 0.94 / 0.98 / 1.0 with RND, and the same run with --int-coef 0 (seed 1, 16,384 steps)
-    never reached the end (on average its episodes got 7 cells in). The bars: 0.5 with the intrinsic reward, at
-    most 0.1 without. About 2 minutes here."""
+    """A hard-exploration task in small: a corridor of 40 cells drawn as Atari frames, 1 for reaching its far end in
+    100 steps, nothing else (tests/pixel_corridor.py). A uniform random walk got there in none of 200,000 episodes
+    (measured here; on 30 cells, in 11), so the extrinsic reward alone gives PPO nothing to learn from; RND's novelty
+    leads the agent to cells it has not seen, and so to the reward. Measured on 2 CPU cores, one thread, seeds 1-4: the
+    episodes of steps 8,192-12,288 average 1.0 / 0.94 / 0.98 / 1.0 with RND, and the same run with --int-coef 0 (seed
+    1, 16,384 steps) never reached the end (on average its episodes got 7 cells in). The bars: 0.5 with the intrinsic
+    reward, at most 0.1 without. About 2 minutes here."""
     with_rnd, without = corridor_run(tmp_path, "rnd"), corridor_run(tmp_path, "no_rnd", "--int-coef", "0")
     assert len(with_rnd) >= 20 and len(without) >= 20, (len(with_rnd), len(without))
     assert np.mean(with_rnd) >= 0.5 and np.mean(without) <= 0.1, (np.mean(with_rnd), np.mean(without))
