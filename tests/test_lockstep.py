@@ -61,23 +61,43 @@ def planted(tmp_path, name: str, old: str, new: str):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An unchanged copy of ppo.py, run as the reference side once."""
+    """An unchanged copy of ppo.py, run as the reference side once, with episode ends."""
     tmp = tmp_path_factory.mktemp("lockstep")
     (tmp / "copy").mkdir()
     shutil.copy(ROOT / "algorithms" / "ppo.py", tmp / "copy" / "ppo.py")
-    failed = lockstep.side_process("reference", "ppo-atari", tmp / "copy" / "ppo.py", FLAGS, tmp / "reference.pt", None, "")
+    record = tmp / "reference.pt"
+    failed = lockstep.side_process("reference", "ppo-atari", tmp / "copy" / "ppo.py", FLAGS, record, None, "", ends=True)
     assert not failed, failed
-    return tmp / "reference.pt"
+    return record
 
 
-def ours(script, reference, tmp_path) -> str:
-    failed = lockstep.side_process("ours", "ppo-atari", script, FLAGS, tmp_path / "ours.pt", reference, "")
+def ours(script, reference, tmp_path, same=()) -> str:
+    """Our side against the reference, both with episode ends (scenario 2's data, which holds scenario 1's)."""
+    failed = lockstep.side_process("ours", "ppo-atari", script, FLAGS, tmp_path / "ours.pt", reference, "", True, same)
     return failed or lockstep.pair_line("ppo-atari", tmp_path / "ours.pt", reference)
 
 
 def test_an_unchanged_copy_matches_to_the_bit(reference, tmp_path):
     line = ours(ROOT / "algorithms" / "ppo.py", reference, tmp_path)
     assert line == "ppo-atari: max difference 0 after 8 optimiser steps: match", line
+
+
+def test_ours_with_its_differences_made_cleanrls_differs_from_an_unchanged_copy(reference, tmp_path):
+    """make_same reaches ppo.py's maths (scenario 2 of the CleanRL pairs rests on it): with truncations bootstrapped as
+    terminations and the reset step learned from, ppo.py is no longer its own copy once the data holds both."""
+    line = ours(ROOT / "algorithms" / "ppo.py", reference, tmp_path, same=list(lockstep.DIFFERENCES))
+    assert line.startswith("ppo-atari: DIFFERS at step "), line
+
+
+def test_with_ends_the_step_after_an_end_is_envpools_reset_step():
+    pool, ended, counts = lockstep.ScriptedPool(dict(SPEC, ends=True), 8, "gymnasium"), np.zeros(8, dtype=bool), [0, 0]
+    pool.reset()
+    for _ in range(300):
+        _, reward, term, trunc, info = pool.step(np.zeros(8))
+        assert not (term | trunc)[ended].any() and (reward[ended] == 0).all()  # the reset step: no end, reward 0
+        np.testing.assert_array_equal(info["terminated"], term)  # every termination a game over
+        ended, counts = term | trunc, [counts[0] + term.sum(), counts[1] + trunc.sum()]
+    assert counts[0] > 50 and counts[1] > 20, counts  # both kinds of end, often (about 3.5% and 1.5% of env steps)
 
 
 def test_a_planted_change_in_the_loss_differs_at_the_first_step(reference, tmp_path):

@@ -14,6 +14,12 @@ What is compared is the update's maths: after every optimiser step, each paramet
 within float32 rounding of the reference's (max |ours - reference| <= 1e-5 x (1 + the reference tensor's largest
 magnitude)); so must each minibatch's loss. CleanRL's file runs unchanged but for the ports cleanrl_speed.py lists.
 
+Two scenarios per pair. 1: no episode ends. 2: the scripted env ends episodes (about one env step in 20, a third of
+them by a time limit) with envpool's and gymnasium 1.x's next-step autoreset. There ours departs from CleanRL on
+purpose (DIFFERENCES: it bootstraps a truncation, and masks out the reset step; docs/ppo.md gives the sources), so ours
+runs three times: with both departures made CleanRL's way (make_same, a patch of ours' compute_gae), which must match,
+and with each left as ours, which must not: so each departure is real, reached by the data, and the only one.
+
 Each side runs in a child process of this script (`--side`), which installs the stand-ins and records what it
 compares; this process compares the two records. Its Atari file needs gym 0.23 on the path (--deps, as
 cleanrl_speed.py's). Prints one line per pair and `N of M pairs match`; exits 0 only when every pair matches.
@@ -38,7 +44,8 @@ from cleanrl_speed import CLEANRL_COMMIT, write_ported  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5  # of (1 + the reference tensor's largest magnitude): float32 rounding over a few dozen Adam steps
 
-# (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules)
+# (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules, ours'
+# deliberate differences at an episode's end: DIFFERENCES)
 PAIRS = {
     "ppo-atari": (
         "ppo.py Breakout-v5 (atari preset) against ppo_atari_envpool.py, 8 envs x 128 steps, 2 iterations",
@@ -46,6 +53,7 @@ PAIRS = {
         ["cleanrl/ppo_atari_envpool.py", "--env-id", "Breakout-v5", "--total-timesteps", "2048", "--no-cuda"],
         dict(obs_shape=(4, 84, 84), num_actions=4, lives=5),
         {"network": "trunk", "encoder": "trunk", "actor": "actor", "critic": "critic"},
+        ("truncation", "reset-step"),
     ),
     "ppo-classic": (
         "ppo.py CartPole-v1 (classic preset) against ppo.py, 4 envs x 128 steps, 2 iterations",
@@ -53,7 +61,14 @@ PAIRS = {
         ["cleanrl/ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-cuda"],
         dict(obs_shape=(4,), num_actions=2),
         {"actor": "actor", "critic": "critic"},
+        ("truncation", "reset-step"),
     ),
+}
+# Where ours departs from CleanRL on purpose, at an episode's end (docs/ppo.md, "Departures from CleanRL", with the
+# sources): each made CleanRL's way by make_same, so that scenario 2 can show it is the only difference
+DIFFERENCES = {
+    "truncation": "truncation bootstrapping",  # ours bootstraps a truncated episode from V(final observation)
+    "reset-step": "the reset step's mask",  # ours masks out the reset step of next-step autoreset
 }
 ROLES = ("trunk", "actor", "critic")  # the order both sides' parameters are recorded and copied in (CleanRL's ppo.py
 # makes its critic first, ours its actor): by role, then by position within the role
@@ -76,6 +91,13 @@ def scripted_rewards(step: int, num_envs: int) -> np.ndarray:
     return np.random.default_rng([2, step]).choice(np.float32([-1, 0, 0, 0, 1]), num_envs)
 
 
+def scripted_ends(step: int, num_envs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(terminated, truncated) at vector step `step`, with --ends: each env ends about one step in 20, a third of the
+    ends by a time limit. Before the draw is used, an env on its reset step never ends (ScriptedPool.step)."""
+    u = np.random.default_rng([5, step]).random(num_envs)
+    return u < 0.035, (u >= 0.035) & (u < 0.05)
+
+
 def scripted_actions(step: int, shape: tuple, num_actions: int) -> torch.Tensor:
     """The actions taken at vector step `step`: a fixed sequence neither policy chooses."""
     return torch.from_numpy(np.random.default_rng([3, step]).integers(0, num_actions, shape))
@@ -87,7 +109,9 @@ def scripted_permutation(call: int, n: int) -> np.ndarray:
 
 
 class ScriptedPool:
-    """A vector env as a script: reset and step return scripted_frames and scripted_rewards, and no episode ends.
+    """A vector env as a script: reset and step return scripted_frames and scripted_rewards; with spec["ends"],
+    scripted_ends ends episodes, and the step after an end is the reset step of envpool's and gymnasium 1.x's next-step
+    autoreset (its action ignored, reward 0, no end; the frames are scripted as any step's), else no episode ends.
     It stands in for envpool's Atari pool, with envpool's info keys (reward, terminated, lives, env_id), or for a
     gymnasium vector env (SyncVectorEnv, make_vec; no info). The gymnasium API (reset -> (obs, info), step -> 5
     values) or, with env_type="gym", envpool's old gym one (reset -> obs, step -> (obs, reward, done, info)), as
@@ -95,6 +119,7 @@ class ScriptedPool:
 
     def __init__(self, spec: dict, num_envs: int, env_type: str):
         self.spec, self.num_envs, self.old_api, self.step_count = spec, num_envs, env_type == "gym", 0
+        self.resetting = np.zeros(num_envs, dtype=bool)  # the envs whose next step is a reset step
         self.config = {"num_envs": num_envs}
         import gymnasium
 
@@ -103,25 +128,30 @@ class ScriptedPool:
         self.single_observation_space = self.observation_space = gymnasium.spaces.Box(low, high, spec["obs_shape"], dtype)
         self.single_action_space = self.action_space = gymnasium.spaces.Discrete(spec["num_actions"])
 
-    def info(self, reward: np.ndarray) -> dict:
+    def info(self, reward: np.ndarray, terminated: np.ndarray) -> dict:
         if "lives" not in self.spec:  # a gymnasium vector env: no info of its own
             return {}
-        zeros = np.zeros(self.num_envs, dtype=np.int32)
-        lives = np.full(self.num_envs, self.spec["lives"], dtype=np.int32)
-        return dict(reward=reward, terminated=zeros, lives=lives, env_id=np.arange(self.num_envs, dtype=np.int32))
+        lives = np.full(self.num_envs, self.spec["lives"], dtype=np.int32)  # every termination a game over
+        ids = np.arange(self.num_envs, dtype=np.int32)
+        return dict(reward=reward, terminated=terminated.astype(np.int32), lives=lives, env_id=ids)
 
     def reset(self, **kwargs):
-        obs = scripted_frames(0, self.num_envs, self.spec["obs_shape"])
-        return obs if self.old_api else (obs, self.info(np.zeros(self.num_envs, dtype=np.float32)))
+        obs, none = scripted_frames(0, self.num_envs, self.spec["obs_shape"]), np.zeros(self.num_envs, dtype=bool)
+        return obs if self.old_api else (obs, self.info(np.zeros(self.num_envs, dtype=np.float32), none))
 
     def step(self, action):
         assert len(np.asarray(action)) == self.num_envs
         self.step_count += 1
         obs = scripted_frames(self.step_count, self.num_envs, self.spec["obs_shape"])
-        reward, ended = scripted_rewards(self.step_count, self.num_envs), np.zeros(self.num_envs, dtype=bool)
+        reward, term = scripted_rewards(self.step_count, self.num_envs), np.zeros(self.num_envs, dtype=bool)
+        trunc = term.copy()
+        if self.spec.get("ends"):
+            term, trunc = (ended & ~self.resetting for ended in scripted_ends(self.step_count, self.num_envs))
+            reward = np.where(self.resetting, np.float32(0), reward)
+            self.resetting = term | trunc
         if self.old_api:
-            return obs, reward, ended, self.info(reward)
-        return obs, reward, ended, ended.copy(), self.info(reward)
+            return obs, reward, term | trunc, self.info(reward, term)
+        return obs, reward, term, trunc, self.info(reward, term)
 
     def close(self):
         pass
@@ -160,13 +190,29 @@ def optimised_module(params: list) -> tuple[str, ...]:
     raise SystemExit("lockstep.py: error: no module holds exactly the optimiser's parameters")
 
 
-def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None) -> None:
+def make_same(names: dict, same: list[str]) -> None:
+    """Ours' module globals (names) with the differences in `same` made CleanRL's way, through its compute_gae."""
+    gae = names["compute_gae"]
+
+    def compute_gae(rewards, values, next_value, terminations, dones, valid, *rest):
+        if "truncation" in same:  # CleanRL ends the return at every done: a truncation counts as a termination
+            terminations = dones
+        if "reset-step" in same:  # CleanRL learns from the reset step: valid everywhere, in place (the update's mask)
+            valid.fill_(1.0)
+        return gae(rewards, values, next_value, terminations, dones, valid, *rest)
+
+    names["compute_gae"] = compute_gae
+
+
+def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None, ends: bool = False,
+             same: list[str] = ()) -> None:  # fmt: skip
     """Runs `script` (as __main__, with flags) with the stand-ins; writes to `record` the optimised parameters' names,
     their initial values and, after every optimiser step, the parameters, Adam's moments and the minibatch's loss.
-    With `start` (the reference's record), the parameters are set to its initial values before the first step."""
+    With `start` (the reference's record), the parameters are set to its initial values before the first step. With
+    `ends`, episodes end (scripted_ends); `same` (ours only) makes those DIFFERENCES CleanRL's (make_same)."""
     import envpool
 
-    spec, roles = PAIRS[pair][3], PAIRS[pair][4]
+    spec, roles = dict(PAIRS[pair][3], ends=ends), PAIRS[pair][4]
     pools = []
 
     def make(task_id, env_type="gymnasium", num_envs=1, **kwargs):
@@ -243,7 +289,16 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     torch.Tensor.backward = recorded_backward
     sys.argv = [script, *flags]
     try:
-        runpy.run_path(script, run_name="__main__")
+        if same:  # ours imported (its definitions), patched, then its main as its `if __name__ == "__main__"` calls it
+            import importlib.util
+
+            found = importlib.util.spec_from_file_location("lockstep_ours", script)
+            sys.modules["lockstep_ours"] = module = importlib.util.module_from_spec(found)
+            found.loader.exec_module(module)
+            make_same(vars(module), same)
+            module.run_main(module.main, module.parse_args())
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         if e.code:
             raise
@@ -285,12 +340,13 @@ def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
     return worst, len(reference["steps"]), kinks, None
 
 
-def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str) -> str:
+def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str,
+                 ends: bool = False, same: list[str] = ()) -> str:  # fmt: skip
     """One side in a child process (run_side) in a folder of its own; '' when it ran, else its last line."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([deps, os.environ.get("PYTHONPATH", "")]), "PYTHONWARNINGS": "ignore"}
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, __file__, "--side", side, "--pair", pair, "--script", str(script), "--record", str(record)]
-    cmd += ["--start", str(start)] if start else []
+    cmd += (["--start", str(start)] if start else []) + (["--ends"] if ends else []) + (["--same", *same] if same else [])
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run([*cmd, "--", *flags], cwd=cwd, env=env, capture_output=True, text=True)
     return "" if proc.returncode == 0 else (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
@@ -305,8 +361,8 @@ def pair_line(pair: str, ours: Path, reference: Path) -> str:
 
 
 def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
-    """Both sides of a pair, the reference first (ours starts from its weights); the pair's line."""
-    _, our_cmd, cleanrl, _, _ = PAIRS[pair]
+    """Scenario 1, no episode ends: both sides, the reference first (ours starts from its weights); the pair's line."""
+    _, our_cmd, cleanrl, _, _, _ = PAIRS[pair]
     records = {side: tree / f"{pair}_{side}.pt" for side in ("reference", "ours")}
     reference = write_ported(cleanrl[0], tree, clone, Path.home() / ".cache" / "cleanrl_speed")
     for side, script, flags, start in (
@@ -316,6 +372,33 @@ def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) ->
         if failed := side_process(side, pair, script, flags, records[side], start, deps):
             return f"{pair}: the {side} side failed: {failed}"
     return pair_line(pair, records["ours"], records["reference"])
+
+
+def run_ends(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
+    """Scenario 2, episodes end: the reference, then ours with every one of its DIFFERENCES made CleanRL's (which must
+    match) and with each left as ours in turn (which must not: each difference is real and the data exercises it)."""
+    _, our_cmd, cleanrl, _, _, differences = PAIRS[pair]
+    reference = tree / f"{pair}_ends_reference.pt"
+    script = write_ported(cleanrl[0], tree, clone, Path.home() / ".cache" / "cleanrl_speed")
+    if failed := side_process("reference", pair, script, cleanrl[1:], reference, None, deps, ends=True):
+        return f"{pair} with episode ends: the reference side failed: {failed}"
+    results = {}
+    for left in (None, *differences):  # None: all made CleanRL's; else that one left as ours
+        record = tree / f"{pair}_ends_ours_{left or 'none'}.pt"
+        same = [d for d in differences if d != left]
+        if failed := side_process("ours", pair, ours / our_cmd[0], our_cmd[1:], record, reference, deps, True, same):
+            return f"{pair} with episode ends: ours failed: {failed}"
+        results[left] = compare(*(torch.load(r, weights_only=True) for r in (record, reference)))
+    named = " and ".join(DIFFERENCES[d] for d in differences)
+    worst, steps, kinks, mismatch = results[None]
+    if mismatch:
+        return f"{pair} with episode ends, {named} made CleanRL's: {mismatch}"
+    if idle := [DIFFERENCES[d] for d in differences if results[d][3] is None]:
+        return f"{pair} with episode ends: leaving ours' {', '.join(idle)} changed nothing (the data does not reach it)"
+    each = "; ".join(f"{DIFFERENCES[d]} left as ours: {results[d][3]}" for d in differences)
+    kinked = f" (one unit at a ReLU's kink in {kinks})" if kinks else ""
+    return (f"{pair} with episode ends: with {named} made CleanRL's, max difference {worst:.2g} after {steps} optimiser "
+            f"steps{kinked} ({each}): match")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,24 +413,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", help=argparse.SUPPRESS)
     p.add_argument("--script", help=argparse.SUPPRESS)
     p.add_argument("--record", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--scenarios",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        choices=[1, 2],
+        help="1: no episode ends; 2: episodes end, and each of ours' named differences is shown to be the only one",
+    )
     p.add_argument("--start", help=argparse.SUPPRESS)
+    p.add_argument("--ends", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--same", nargs="*", default=[], choices=list(DIFFERENCES), help=argparse.SUPPRESS)
     p.add_argument("flags", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.side:
-        run_side(args.side, args.pair, args.script, args.flags, args.record, args.start)
+        run_side(args.side, args.pair, args.script, args.flags, args.record, args.start, args.ends, args.same)
         return 0
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(args.keep or tmp)
         tree.mkdir(parents=True, exist_ok=True)
         for pair in args.only or list(PAIRS):
-            start = time.time()
-            lines.append(run_pair(pair, tree, args.cleanrl, args.deps, Path(args.ours)))
-            print(f"{lines[-1]} ({time.time() - start:.0f} s)", flush=True)
-    matched = sum(line.endswith(": match") for line in lines)
+            for scenario in args.scenarios:
+                start = time.time()
+                lines.append(
+                    (pair, scenario, (run_pair, run_ends)[scenario - 1](pair, tree, args.cleanrl, args.deps, Path(args.ours)))
+                )
+                print(f"{lines[-1][2]} ({time.time() - start:.0f} s)", flush=True)
+    matched = sum(line.endswith(": match") for _, _, line in lines)
     print(f"{matched} of {len(lines)} pairs match")
     if args.out:
-        rows = "\n".join(f"| {PAIRS[line.split(':')[0]][0]} | {line.split(': ', 1)[1]} |" for line in lines)
+        scenarios = {1: "no episode ends", 2: "episodes end"}
+        rows = "\n".join(f"| {PAIRS[pair][0]} | {scenarios[k]} | {line.split(': ', 1)[1]} |" for pair, k, line in lines)
         Path(args.out).write_text(
             f"# Lockstep against CleanRL at {CLEANRL_COMMIT[:8]}\n\n"
             "Each pair: our file and CleanRL's on the same scripted data, from the same initial weights, with the same "
@@ -356,9 +453,14 @@ def main(argv: list[str] | None = None) -> int:
             "reference's; the difference is the largest |ours - reference| over 1 + the reference tensor's largest "
             f"magnitude, and a match needs it within {TOLERANCE:g} (float32 rounding) and each minibatch's loss as close. "
             "Ours then goes on from the reference's values, so each step is judged on its own. A step where one unit "
-            "alone is off (a ReLU whose input sat within rounding of 0 in one sample) is counted, not failed.\n\n"
+            "alone is off (a ReLU whose input sat within rounding of 0 in one sample) is counted, not failed. In the "
+            "second scenario the scripted env ends episodes (about one env step in 20, a third of them by a time limit) "
+            "with the next-step autoreset; ours departs from CleanRL there on purpose, bootstrapping a truncation and "
+            "masking out the reset step ([docs/ppo.md](../../docs/ppo.md), with the sources). With both departures made "
+            "CleanRL's way the pair must match, and with each left as ours it must differ: each is real, and they are "
+            "the only differences.\n\n"
             f"    python benchmark/studies/lockstep.py{' --only ' + ' '.join(args.only) if args.only else ''}\n\n"
-            f"| pair | result |\n|---|---|\n{rows}\n\n{matched} of {len(lines)} pairs match.\n"
+            f"| pair | scenario | result |\n|---|---|---|\n{rows}\n\n{matched} of {len(lines)} pairs match.\n"
         )
     return 0 if matched == len(lines) else 1
 
