@@ -63,6 +63,14 @@ PAIRS = {
         {"actor": "actor", "critic": "critic"},
         ("truncation", "reset-step"),
     ),
+    "ppo-lstm": (
+        "ppo.py Breakout-v5 --rnn lstm (atari preset) against ppo_atari_lstm.py, 8 envs x 128 steps, 2 iterations",
+        ["ppo.py", "--env-id", "Breakout-v5", "--rnn", "lstm", "--total-timesteps", "2048", "--no-cuda"],
+        ["cleanrl/ppo_atari_lstm.py", "--total-timesteps", "2048", "--no-cuda"],  # its env id is never made here
+        dict(obs_shape=(1, 84, 84), num_actions=4, lives=5),  # one frame per observation, as both files take it
+        {"network": "trunk", "encoder": "trunk", "lstm": "memory", "memory": "memory", "actor": "actor", "critic": "critic"},
+        None,  # scenario 2 not built: where the memory is zeroed at an episode's end is a third departure
+    ),
 }
 # Where ours departs from CleanRL on purpose, at an episode's end (docs/ppo.md, "Departures from CleanRL", with the
 # sources): each made CleanRL's way by make_same, so that scenario 2 can show it is the only difference
@@ -70,7 +78,7 @@ DIFFERENCES = {
     "truncation": "truncation bootstrapping",  # ours bootstraps a truncated episode from V(final observation)
     "reset-step": "the reset step's mask",  # ours masks out the reset step of next-step autoreset
 }
-ROLES = ("trunk", "actor", "critic")  # the order both sides' parameters are recorded and copied in (CleanRL's ppo.py
+ROLES = ("trunk", "memory", "actor", "critic")  # the order both sides' parameters are recorded and copied in (CleanRL's ppo.py
 # makes its critic first, ours its actor): by role, then by position within the role
 
 
@@ -343,7 +351,8 @@ def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
 def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str,
                  ends: bool = False, same: list[str] = ()) -> str:  # fmt: skip
     """One side in a child process (run_side) in a folder of its own; '' when it ran, else its last line."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([deps, os.environ.get("PYTHONPATH", "")]), "PYTHONWARNINGS": "ignore"}
+    paths = [deps, str(Path(script).parent.parent), os.environ.get("PYTHONPATH", "")]  # CleanRL's: cleanrl_utils
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONWARNINGS": "ignore"}
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, __file__, "--side", side, "--pair", pair, "--script", str(script), "--record", str(record)]
     cmd += (["--start", str(start)] if start else []) + (["--ends"] if ends else []) + (["--same", *same] if same else [])
@@ -360,11 +369,19 @@ def pair_line(pair: str, ours: Path, reference: Path) -> str:
     return f"{pair}: max difference {worst:.2g} after {steps} optimiser steps{kinked}: match"
 
 
+def write_reference(path: str, tree: Path, clone: str | None) -> Path:
+    """CleanRL's file under tree (ported), with the helpers of cleanrl_utils that its Atari scripts import."""
+    cache = Path.home() / ".cache" / "cleanrl_speed"
+    write_ported("cleanrl_utils/atari_wrappers.py", tree, clone, cache)
+    (tree / "cleanrl_utils" / "__init__.py").write_text("")
+    return write_ported(path, tree, clone, cache)
+
+
 def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
     """Scenario 1, no episode ends: both sides, the reference first (ours starts from its weights); the pair's line."""
     _, our_cmd, cleanrl, _, _, _ = PAIRS[pair]
     records = {side: tree / f"{pair}_{side}.pt" for side in ("reference", "ours")}
-    reference = write_ported(cleanrl[0], tree, clone, Path.home() / ".cache" / "cleanrl_speed")
+    reference = write_reference(cleanrl[0], tree, clone)
     for side, script, flags, start in (
         ("reference", reference, cleanrl[1:], None),
         ("ours", ours / our_cmd[0], our_cmd[1:], records["reference"]),
@@ -379,7 +396,7 @@ def run_ends(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) ->
     match) and with each left as ours in turn (which must not: each difference is real and the data exercises it)."""
     _, our_cmd, cleanrl, _, _, differences = PAIRS[pair]
     reference = tree / f"{pair}_ends_reference.pt"
-    script = write_ported(cleanrl[0], tree, clone, Path.home() / ".cache" / "cleanrl_speed")
+    script = write_reference(cleanrl[0], tree, clone)
     if failed := side_process("reference", pair, script, cleanrl[1:], reference, None, deps, ends=True):
         return f"{pair} with episode ends: the reference side failed: {failed}"
     results = {}
@@ -434,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = Path(args.keep or tmp)
         tree.mkdir(parents=True, exist_ok=True)
         for pair in args.only or list(PAIRS):
-            for scenario in args.scenarios:
+            for scenario in [k for k in args.scenarios if k == 1 or PAIRS[pair][5]]:  # scenario 2 where it is built
                 start = time.time()
                 lines.append(
                     (pair, scenario, (run_pair, run_ends)[scenario - 1](pair, tree, args.cleanrl, args.deps, Path(args.ours)))
