@@ -71,6 +71,14 @@ PAIRS = {
         {"network": "trunk", "encoder": "trunk", "lstm": "memory", "memory": "memory", "actor": "actor", "critic": "critic"},
         None,  # scenario 2 not built: where the memory is zeroed at an episode's end is a third departure
     ),
+    "dqn-classic": (
+        "dqn.py CartPole-v1 (classic preset) against dqn.py, 1 env, 500 gradient steps after 1,000 learning-starts steps",
+        ["dqn.py", "--env-id", "CartPole-v1", "--total-timesteps", "6005", "--learning-starts", "1000", "--no-cuda"],
+        ["cleanrl/dqn.py", "--env-id", "CartPole-v1", "--total-timesteps", "6005", "--learning-starts", "1000", "--no-cuda"],
+        dict(obs_shape=(4,), num_actions=2, replay=True),  # replay: scripted exploration and replay samples (run_side)
+        {"network": "trunk"},
+        None,
+    ),
 }
 # Where ours departs from CleanRL on purpose, at an episode's end (docs/ppo.md, "Departures from CleanRL", with the
 # sources): each made CleanRL's way by make_same, so that scenario 2 can show it is the only difference
@@ -109,6 +117,11 @@ def scripted_ends(step: int, num_envs: int) -> tuple[np.ndarray, np.ndarray]:
 def scripted_actions(step: int, shape: tuple, num_actions: int) -> torch.Tensor:
     """The actions taken at vector step `step`: a fixed sequence neither policy chooses."""
     return torch.from_numpy(np.random.default_rng([3, step]).integers(0, num_actions, shape))
+
+
+def scripted_batch(call: int, batch_size: int, below: int) -> np.ndarray:
+    """The transitions of the `call`-th replay sample: indices of the first `below` added (both sides hold them)."""
+    return np.random.default_rng([6, call]).integers(0, below, batch_size)
 
 
 def scripted_permutation(call: int, n: int) -> np.ndarray:
@@ -212,6 +225,59 @@ def make_same(names: dict, same: list[str]) -> None:
     names["compute_gae"] = compute_gae
 
 
+def flag_value(flags: list[str], name: str) -> int:
+    return int(flags[flags.index(name) + 1])
+
+
+def install_replay_draws(spec: dict, pools: list, counts: dict, below: int) -> None:
+    """The draws of epsilon-greedy and of the replay buffer, the same on both sides. CleanRL: random.random() for the
+    coin, the action space's sample() for the action, np.random.randint for the buffer's indices (then its env index).
+    Ours: numpy Generators made from a SeedSequence, the first for the coin (.random) and the action (.integers), the
+    second for the buffer's slots and envs (.integers)."""
+    import random
+
+    import gymnasium
+
+    counts["batch"] = 0
+    n = spec["num_actions"]
+
+    def action(num_envs: int) -> np.ndarray:
+        return scripted_actions(pools[-1].step_count + 1, (num_envs,), n).numpy()
+
+    def batch(size: int) -> np.ndarray:
+        counts["batch"] += 1
+        return scripted_batch(counts["batch"], size, below)
+
+    random.random = lambda: 0.0  # CleanRL's coin: always below epsilon, so every step takes the scripted action
+    gymnasium.spaces.Discrete.sample = lambda space, *args, **kwargs: np.int64(action(1)[0])
+
+    def randint(low, high=None, size=None, dtype=int):  # CleanRL's buffer: indices, then env indices (one env: 0)
+        return np.zeros(size, dtype=np.int64) if (high if high is not None else low) == 1 else batch(size)
+
+    np.random.randint = randint
+    default_rng, made = np.random.default_rng, []
+
+    class Draws:  # ours: the exploration generator, then the replay buffer's
+        def __init__(self, role: str):
+            self.role = role
+
+        def random(self, size=None):
+            return np.zeros(size)  # explore
+
+        def integers(self, low, high=None, size=None):
+            if self.role == "explore":
+                return action(size)
+            return batch(size) if high != 1 else np.zeros(size, dtype=np.int64)
+
+    def rng(seed=None):
+        if isinstance(seed, np.random.SeedSequence):
+            made.append(Draws(("explore", "replay")[len(made) % 2]))
+            return made[-1]
+        return seed if isinstance(seed, Draws) else default_rng(seed)
+
+    np.random.default_rng = rng
+
+
 def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None, ends: bool = False,
              same: list[str] = ()) -> None:  # fmt: skip
     """Runs `script` (as __main__, with flags) with the stand-ins; writes to `record` the optimised parameters' names,
@@ -253,6 +319,8 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         return torch.as_tensor(scripted_permutation(counts["perm"], n), device=device)
 
     np.random.shuffle, torch.randperm = shuffle, randperm
+    if spec.get("replay"):  # DQN: every env step explores, with the scripted action; every sample is scripted_batch
+        install_replay_draws(spec, pools, counts, flag_value(flags, "--learning-starts"))
     out = {"names": None, "initial": None, "steps": [], "losses": []}
     reference = torch.load(start, weights_only=True) if start is not None else None
     adam_init, order = torch.optim.Adam.__init__, []  # order: the optimiser's parameters by role
@@ -370,9 +438,10 @@ def pair_line(pair: str, ours: Path, reference: Path) -> str:
 
 
 def write_reference(path: str, tree: Path, clone: str | None) -> Path:
-    """CleanRL's file under tree (ported), with the helpers of cleanrl_utils that its Atari scripts import."""
+    """CleanRL's file under tree (ported), with the helpers of cleanrl_utils that its scripts import."""
     cache = Path.home() / ".cache" / "cleanrl_speed"
-    write_ported("cleanrl_utils/atari_wrappers.py", tree, clone, cache)
+    for helper in ("cleanrl_utils/atari_wrappers.py", "cleanrl_utils/buffers.py"):
+        write_ported(helper, tree, clone, cache)
     (tree / "cleanrl_utils" / "__init__.py").write_text("")
     return write_ported(path, tree, clone, cache)
 
