@@ -64,11 +64,7 @@ def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEO
     passes check_run (finite logs, a saved model that trained), whatever else its test asserts."""
     cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
     started = time.time()
-    run_env = one_thread(env)
-    if forked.can_fork(args, run_env):  # the same run, less the seconds of imports (tests/forked.py)
-        proc = forked.run(cmd, cwd, run_env, timeout)
-    else:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=run_env)
+    proc = forked.run(cmd, cwd, one_thread(env), timeout)  # the same run, less the seconds of imports (tests/forked.py)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     if proc.returncode == 0 and (cwd / "runs").is_dir():
@@ -154,11 +150,7 @@ def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTER
     its output. On the machine's device: most callers check steps and files, not values to the bit; those that do
     pass CPU."""
     cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
-    run_env = one_thread(env)
-    if forked.can_fork(args, run_env):
-        proc = forked.Started(cmd, cwd, run_env)
-    else:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True, env=run_env)
+    proc = forked.popen(cmd, cwd, one_thread(env))
     for line in proc.stdout:
         if (m := re.match(rf"{unit} ([\d,]+)/", line)) and int(m.group(1).replace(",", "")) >= at:
             proc.send_signal(sig)

@@ -8,6 +8,7 @@ another thread count, or one that a test runs under torchrun or with --compile (
 a real subprocess: see can_fork."""
 
 import atexit
+import json
 import multiprocessing
 import os
 import runpy
@@ -18,6 +19,7 @@ import threading
 import time
 import traceback
 import warnings
+from multiprocessing import forkserver
 
 # what a run imports that costs time (python -X importtime: torch and torch._dynamo about 0.9 s of a 2.5 s start)
 PRELOAD = ["torch", "torch._dynamo", "numpy", "gymnasium", "tyro", "torch.utils.tensorboard", "envpool", "forked"]
@@ -46,27 +48,35 @@ def context():
     global _context
     if _context is None:
         # sys.path as a fresh interpreter has it before its script's folder and PYTHONPATH: -I leaves both out
-        out = subprocess.run([sys.executable, "-I", "-c", "import sys; print(repr(sys.path))"], capture_output=True, text=True)
-        _base_path[:] = eval(out.stdout)
+        code = "import json, sys; print(json.dumps(sys.path))"
+        _base_path[:] = json.loads(subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True).stdout)
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
+        saved = dict(os.environ)
+        os.environ["OMP_NUM_THREADS"] = "1"  # the server inherits this process's environment as it starts
         try:
-            from multiprocessing import forkserver
-
             forkserver.ensure_running()
         finally:
-            os.environ.pop("OMP_NUM_THREADS") if saved is None else os.environ.__setitem__("OMP_NUM_THREADS", saved)
+            os.environ.clear()
+            os.environ.update(saved)
     return _context
 
 
 def run(cmd: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout) for cmd = [python,
-    script, *args], with the child forked from the server."""
+    script, *args]: the child forked from the server where can_fork, else that subprocess itself."""
+    if not can_fork(cmd[2:], env):
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     child = Started(cmd, cwd, env)
     stdout, stderr = child.finish(timeout)
     return subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
+
+
+def popen(cmd: list[str], cwd, env: dict):
+    """subprocess.Popen(cmd, cwd=cwd, env=env, stdout=PIPE, text=True), or a Started fork where can_fork."""
+    if not can_fork(cmd[2:], env):
+        return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True, env=env)
+    return Started(cmd, cwd, env)
 
 
 class Started:
@@ -124,7 +134,9 @@ class Started:
 def main(script: str, args: list[str], cwd: str, env: dict, out: str, err: str, base_path: list[str]) -> None:
     """The child: the script as __main__, as `python script *args` runs it in cwd with env, and its exit."""
     for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
     os.chdir(cwd)

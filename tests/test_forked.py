@@ -7,14 +7,18 @@ import signal
 from conftest import CPU, ROOT, run_algorithm, scalars, stop_run
 
 
-def runs_both_ways(monkeypatch, tmp_path, *args: str, check: bool = True):
-    """The same command forked from the server and as a real subprocess (TESTS_SUBPROCESS=1), each in its own folder."""
-    procs = []
+def both_ways(monkeypatch, tmp_path, call) -> list:
+    """call(folder) forked from the server and as a real subprocess (TESTS_SUBPROCESS=1), each in a folder of its own."""
+    results = []
     for way in ("forked", "subprocess"):
         (tmp_path / way).mkdir()
         monkeypatch.setenv("TESTS_SUBPROCESS", "1" if way == "subprocess" else "0")
-        procs.append(run_algorithm("ppo", *args, cwd=tmp_path / way, check=check))
-    return procs
+        results.append(call(tmp_path / way))
+    return results
+
+
+def runs_both_ways(monkeypatch, tmp_path, *args: str, check: bool = True):
+    return both_ways(monkeypatch, tmp_path, lambda cwd: run_algorithm("ppo", *args, cwd=cwd, check=check))
 
 
 def without_times(text: str) -> list[str]:
@@ -43,11 +47,7 @@ def test_a_refused_run_exits_and_says_the_same(monkeypatch, tmp_path):
 
 
 def test_a_forked_run_stopped_by_a_signal_checkpoints_and_exits_as_a_subprocess_does(monkeypatch, tmp_path):
-    outs = []
-    for way in ("forked", "subprocess"):
-        (tmp_path / way).mkdir()
-        monkeypatch.setenv("TESTS_SUBPROCESS", "1" if way == "subprocess" else "0")
-        flags = ["--total-timesteps", "100000", "--progress-interval", "0", "--checkpoint-every", "1024", CPU]
-        outs.append(stop_run("ppo", *flags, cwd=tmp_path / way, at=2048, sig=signal.SIGTERM))
-        assert list((tmp_path / way).glob("runs/*/checkpoint.pt"))
+    flags = ["--total-timesteps", "100000", "--progress-interval", "0", "--checkpoint-every", "1024", CPU]
+    outs = both_ways(monkeypatch, tmp_path, lambda cwd: stop_run("ppo", *flags, cwd=cwd, at=2048, sig=signal.SIGTERM))
+    assert all(list((tmp_path / way).glob("runs/*/checkpoint.pt")) for way in ("forked", "subprocess"))
     assert all("--resume" in out for out in outs), outs

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from pixel_corridor import ENV_ID, with_pixel_corridor
 
+from benchmark.studies import corridor
 from conftest import CPU, ROOT, load_algorithm, only_run, run_algorithm, run_in_process, scalars, twenty_episode_means, values
 
 ppo_module = load_algorithm("ppo")
@@ -149,13 +150,10 @@ def test_qlearning_learns_mountaincar_on_a_discretised_grid(tmp_path):
 
 
 def corridor_run(cwd, name: str, *flags: str):
-    """rnd_ppo.py, unchanged, on tests/pixel_corridor.py's corridor of 40 cells (16 envs x 64 steps, 12,288 steps,
-    two random rollouts for the observation statistics), in this process; returns the returns of the episodes that
-    ended in the last quarter of the run."""
-    argv = [
-        "--env-id", ENV_ID, "--exp-name", name, "--seed", "1", "--max-episode-steps", "100", "--num-envs", "16",
-        "--num-steps", "64", "--num-iterations-obs-norm-init", "2", "--total-timesteps", "12288", CPU, *flags,
-    ]  # fmt: skip
+    """rnd_ppo.py, unchanged, on tests/pixel_corridor.py's corridor of 40 cells with benchmark/studies/corridor.py's
+    settings (16 envs x 64 steps, two random rollouts for the observation statistics, on the CPU), 12,288 steps, in
+    this process; returns the returns of the episodes that ended in the last quarter of the run."""
+    argv = ["--env-id", ENV_ID, "--exp-name", name, "--seed", "1", *corridor.FLAGS, "--total-timesteps", "12288", *flags]
     proc = run_in_process("rnd_ppo", lambda m: (with_pixel_corridor(m), m.main(m.parse_args(argv))), cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = scalars(next((cwd / "runs").glob(f"*__{name}__*")))["charts/episodic_return"]

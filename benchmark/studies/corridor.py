@@ -43,17 +43,18 @@ def one(name: str, argv: list[str]) -> None:
     module = load_algorithm("rnd_ppo")
     with_pixel_corridor(module)
     args = module.parse_args(["--env-id", ENV_ID, *FLAGS, *argv])
-    step, visited, rows = pixel_corridor.PixelCorridor.step, set(), []
-    skip = [args.num_iterations_obs_norm_init * args.num_steps]  # the random rollouts of the observation statistics,
-    # which global_step does not count either
+    step, seen, rows = pixel_corridor.PixelCorridor.step, set(), []
+    skip = args.num_iterations_obs_norm_init * args.num_steps  # the observation statistics' random rollouts, which
+    # global_step does not count either
 
     def counting(env, action):
+        nonlocal skip
         out = step(env, action)
-        if skip[0] > 0:
-            skip[0] -= 1
+        if skip > 0:
+            skip -= 1
         else:
-            visited.update(env.pos.tolist())
-            rows.append(len(visited))
+            seen.update(env.pos.tolist())
+            rows.append(len(seen))
         return out
 
     pixel_corridor.PixelCorridor.step = counting
@@ -68,6 +69,10 @@ def returns(run_dir: Path) -> list[tuple[int, float]]:
     from tblog import read_scalars
 
     return [(step, value) for step, value, _ in read_scalars(str(run_dir))["charts/episodic_return"]]
+
+
+def run_dir(out: Path, run: str) -> Path:
+    return next((out / "runs").glob(f"*__{run}__*"))
 
 
 def visited(out: Path, name: str) -> list[tuple[int, int]]:
@@ -86,7 +91,7 @@ def plot(out: Path, compare: str, seeds: list[int], total: int) -> None:
     for (name, _), color in zip(VARIANTS[compare], ("tab:blue", "tab:orange"), strict=True):
         for i, seed in enumerate(seeds):
             run = f"{name}_s{seed}"
-            points = returns(next((out / "runs").glob(f"*__{run}__*")))
+            points = returns(run_dir(out, run))
             edges = range(0, total, 2048)
             means = [[v for s, v in points if e < s <= e + 2048] for e in edges]
             x = [e + 2048 for e, m in zip(edges, means, strict=True) if m]
@@ -134,7 +139,7 @@ def main() -> None:
     for seed in args.seeds:
         cells = []
         for name in names:
-            points = returns(next((out / "runs").glob(f"*__{name}_s{seed}__*")))
+            points = returns(run_dir(out, f"{name}_s{seed}"))
             late = [v for s, v in points if s > args.total_timesteps * 3 // 4]
             seen = visited(out, f"{name}_s{seed}")[-1][1] if (out / f"visited_{name}_s{seed}.csv").is_file() else "-"
             cells += [f"{sum(late) / max(len(late), 1):.2f} ({len(late)})", str(seen)]

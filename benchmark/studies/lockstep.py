@@ -419,7 +419,8 @@ def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
 def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str,
                  ends: bool = False, same: list[str] = ()) -> str:  # fmt: skip
     """One side in a child process (run_side) in a folder of its own; '' when it ran, else its last line."""
-    paths = [deps, str(Path(script).parent.parent), os.environ.get("PYTHONPATH", "")]  # CleanRL's: cleanrl_utils
+    cleanrl_utils = [str(Path(script).parent.parent)] if side == "reference" else []  # the tree CleanRL's file is in
+    paths = [deps, *cleanrl_utils, os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONWARNINGS": "ignore"}
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, __file__, "--side", side, "--pair", pair, "--script", str(script), "--record", str(record)]
@@ -522,9 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         for pair in args.only or list(PAIRS):
             for scenario in [k for k in args.scenarios if k == 1 or PAIRS[pair][5]]:  # scenario 2 where it is built
                 start = time.time()
-                lines.append(
-                    (pair, scenario, (run_pair, run_ends)[scenario - 1](pair, tree, args.cleanrl, args.deps, Path(args.ours)))
-                )
+                run = {1: run_pair, 2: run_ends}[scenario]
+                lines.append((pair, scenario, run(pair, tree, args.cleanrl, args.deps, Path(args.ours))))
                 print(f"{lines[-1][2]} ({time.time() - start:.0f} s)", flush=True)
     matched = sum(line.endswith(": match") for _, _, line in lines)
     print(f"{matched} of {len(lines)} pairs match")
