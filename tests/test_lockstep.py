@@ -1,16 +1,18 @@
 """benchmark/studies/lockstep.py without CleanRL: its scripted env against the envpool API each side calls, and the
 harness run on ppo.py against copies of itself: an unchanged copy matches to the bit (the same data, weights and draws
 reach both sides), a planted change in the loss is reported as DIFFERS at the first step, and a network of another shape
-is refused before its weights are copied."""
+is refused before its weights are copied. Also the pieces the DQN and TD3 pairs add: CleanRL's twin critics laid out
+as ours' batched ones, the layers a ReLU's kink may reach, and the stacked frames of the Atari DQN pair."""
 
 import shutil
 
 import envpool
 import numpy as np
 import pytest
+import torch
 
 from benchmark.studies import lockstep
-from conftest import ROOT
+from conftest import ROOT, load_algorithm
 
 SPEC = lockstep.PAIRS["ppo-atari"][3]
 
@@ -110,3 +112,57 @@ def test_a_network_of_another_shape_is_refused_before_its_weights_are_copied(ref
     script = planted(tmp_path, "narrower", "nn.Conv2d(64, 64, 3, stride=1)", "nn.Conv2d(64, 32, 3, stride=1)")
     line = ours(script, reference, tmp_path)
     assert "the networks differ" in line and "copied by position only where roles and shapes match" in line, line
+
+
+def test_cleanrls_twin_critics_laid_out_as_ours_give_ours_critics_the_same_q_values():
+    torch.manual_seed(0)
+    twins = [torch.nn.Sequential(torch.nn.Linear(14, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                                 torch.nn.Linear(32, 1)) for _ in range(2)]  # fmt: skip
+    critics = load_algorithm("ddpg_td3").Critics(11, 3, 32, 2)
+    with torch.no_grad():
+        for mine, theirs in zip(critics.parameters(), lockstep.as_critics([*twins[0].parameters(), *twins[1].parameters()]),
+                                strict=True):  # fmt: skip
+            mine.copy_(theirs)
+        obs, actions = torch.randn(5, 11), torch.randn(5, 3)
+        expected = torch.stack([q(torch.cat([obs, actions], 1)).squeeze(1) for q in twins])
+        assert torch.allclose(critics(obs, actions), expected, atol=1e-6)
+
+
+def test_a_weight_and_its_bias_are_one_layer_in_the_order_the_layers_come():
+    names = ["network.0.weight", "network.0.bias", "network.2.weight", "network.2.bias", "weights.0", "biases.0"]
+    assert lockstep.layer_ids(names) == [0, 0, 1, 1, 2, 2]
+
+
+def record(offsets: dict, roles=("trunk", "trunk"), outputs: int = 2) -> dict:
+    """One optimiser step of a two-layer network (layer 1 with `outputs` units), each unit's rows shifted by
+    offsets[(layer, unit)]; `roles` of the two layers."""
+    shapes = [(4, 3), (4,), (outputs, 4), (outputs,)]
+    tensors = [torch.zeros(shape) for shape in shapes]
+    for (layer, unit), offset in offsets.items():
+        tensors[2 * layer][unit] += offset
+    moments = [torch.zeros(shape) for shape in shapes for _ in range(2)]
+    names = [(roles[i // 2], shape) for i, shape in enumerate(shapes)]
+    return dict(names=[names], layers=[[0, 0, 1, 1]], steps=[(0, tensors, moments)], losses=[1.0])
+
+
+def test_a_kink_may_reach_the_layers_beneath_its_unit_but_not_a_second_unit_of_its_own_layer():
+    kink, reference = record({(1, 0): 1e-3, (0, 1): 1e-3, (0, 2): 1e-3}), record({})
+    assert lockstep.compare(kink, reference)[3] is None
+    assert lockstep.compare(record({(1, 0): 1e-3, (1, 1): 1e-3}), reference)[3].startswith("DIFFERS at step 1")
+
+
+def test_a_one_unit_head_or_a_second_role_is_never_a_kink():
+    head = record({(1, 0): 1e-3, (0, 1): 1e-3}, outputs=1)  # a value head's one output, and the layer beneath
+    assert lockstep.compare(head, record({}, outputs=1))[3].startswith("DIFFERS at step 1")
+    roles = ("trunk", "actor")
+    two_roles = record({(1, 0): 1e-3, (0, 1): 1e-3}, roles)
+    assert lockstep.compare(two_roles, record({}, roles))[3].startswith("DIFFERS at step 1")
+    assert lockstep.compare(record({(1, 0): 1e-3}, roles), record({}, roles))[3] is None  # one unit alone: a kink
+
+
+def test_the_atari_dqn_pairs_stacks_are_one_new_frame_a_step_as_an_emulators():
+    pool = lockstep.ScriptedPool(lockstep.PAIRS["dqn-atari"][3], 2, "gymnasium")
+    first, _ = pool.reset()
+    assert (first == first[:, :1]).all()  # after a reset, four copies of the first frame
+    second = pool.step(np.zeros(2, dtype=np.int64))[0]
+    assert (second[:, :3] == first[:, 1:]).all() and not (second[:, 3] == first[:, 3]).all()
