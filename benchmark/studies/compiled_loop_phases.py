@@ -85,7 +85,7 @@ atexit.register(lambda: print("PHASES " + json.dumps(PHASES.records), flush=True
 
 
 def child_ours(gae_compiled: bool, flags: list[str]) -> None:
-    """ppo.py's main in this process, its phase boundaries found by wrapping four of its functions."""
+    """ppo.py's main in this process, its phase boundaries found by wrapping three of its functions."""
     sys.path.insert(0, str(ROOT / "benchmark"))
     from phase_timer import PHASES as T  # noqa: N814  written by the parent
 

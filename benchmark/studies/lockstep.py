@@ -351,9 +351,10 @@ def flag_value(flags: list[str], name: str) -> int:
     return int(flags[flags.index(name) + 1])
 
 
-def install_replay_indices(counts: dict, below: int) -> None:
+def install_replay_indices(counts: dict, below: int):
     """CleanRL's replay buffer draws its indices with np.random.randint, then each sample's env (one env: 0); ours'
-    continuous buffer with torch.randint on its own generator: both get scripted_batch, counted in `counts`."""
+    continuous buffer with torch.randint on its own generator: both get scripted_batch, counted in `counts`. Returns
+    the scripted draw, batch(size), for a stand-in of ours' own."""
     counts["batch"] = 0
 
     def batch(size: int) -> np.ndarray:
@@ -371,7 +372,7 @@ def install_replay_indices(counts: dict, below: int) -> None:
         return torch.as_tensor(batch(size[0]), device=device)
 
     torch.randint = torch_randint_scripted
-    counts["draw_batch"] = batch
+    return batch
 
 
 def install_td3_draws(spec: dict, pools: list, counts: dict, below: int, batch_size: int) -> None:
@@ -423,8 +424,8 @@ def install_replay_draws(spec: dict, pools: list, counts: dict, below: int) -> N
 
     import gymnasium
 
-    install_replay_indices(counts, below)  # CleanRL's buffer: np.random.randint
-    n, batch = spec["num_actions"], counts["draw_batch"]
+    batch = install_replay_indices(counts, below)  # CleanRL's buffer: np.random.randint
+    n = spec["num_actions"]
 
     def action(num_envs: int) -> np.ndarray:
         return scripted_actions(pools[-1].step_count + 1, (num_envs,), n).numpy()
@@ -502,6 +503,8 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     # per optimiser, in the order they are made: its tensors' (role, shape), layers, initial values; each step: (the
     # optimiser's number, its parameters, Adam's moments), all in the reference's layout (ours is it, or a permutation)
     out = {"names": [], "layers": [], "initial": [], "steps": [], "losses": []}
+    if start is not None:
+        out["checked"] = []  # ours: each step's verdict against the reference's (compare_step), in place of its tensors
     # mapped from disk, not read in: the Atari DQN pair's record is about 10 GB (500 steps of the Nature CNN and Adam)
     reference = torch.load(start, weights_only=True, mmap=True) if start is not None else None
     adam_init, optimisers, layouts = torch.optim.Adam.__init__, [], []  # layouts: tensors in the optimiser's order -> ours'
@@ -554,12 +557,12 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
             return
         out["steps"].append((k, None, None))
         if len(out["steps"]) <= len(reference["steps"]):  # in step: go on from the reference's
-            theirs_k, values, moments_then = theirs = reference["steps"][len(out["steps"]) - 1]
-            out.setdefault("checked", []).append(compare_step(len(out["steps"]), mine, theirs, reference))
-            if theirs_k == k:  # else compare reports the steps out of order
+            theirs = reference["steps"][len(out["steps"]) - 1]
+            out["checked"].append(compare_step(len(out["steps"]), mine, theirs, reference))
+            if theirs[0] == k:  # else compare reports the steps out of order
                 with torch.no_grad():
-                    for mine, theirs in zip(layouts[k](params) + moments, values + moments_then, strict=True):
-                        mine.copy_(theirs)
+                    for tensor, value in zip(layouts[k](params) + moments, theirs[1] + theirs[2], strict=True):
+                        tensor.copy_(value)
 
     register_optimizer_step_post_hook(after_step)
     backward = torch.Tensor.backward
