@@ -2,7 +2,9 @@
 harness run on ppo.py against copies of itself: an unchanged copy matches to the bit (the same data, weights and draws
 reach both sides), a planted change in the loss is reported as DIFFERS at the first step, and a network of another shape
 is refused before its weights are copied. Also the pieces the DQN and TD3 pairs add: CleanRL's twin critics laid out
-as ours' batched ones, the layers a ReLU's kink may reach, and the stacked frames of the Atari DQN pair."""
+as ours' batched ones, the layers a ReLU's kink may reach, and the stacked frames of the Atari DQN pair; and those of
+the PPG and RND pairs: procgen's frames as each side reads them, the edits and replaced functions that make ours'
+departures CleanRL's, one optimiser over two modules, and RND's fixed target network."""
 
 import shutil
 
@@ -87,7 +89,7 @@ def test_an_unchanged_copy_matches_to_the_bit(reference, tmp_path):
 def test_ours_with_its_differences_made_cleanrls_differs_from_an_unchanged_copy(reference, tmp_path):
     """make_same reaches ppo.py's maths (scenario 2 of the CleanRL pairs rests on it): with truncations bootstrapped as
     terminations and the reset step learned from, ppo.py is no longer its own copy once the data holds both."""
-    line = ours(ROOT / "algorithms" / "ppo.py", reference, tmp_path, same=list(lockstep.DIFFERENCES))
+    line = ours(ROOT / "algorithms" / "ppo.py", reference, tmp_path, same=list(lockstep.PAIRS["ppo-atari"][5]))
     assert line.startswith("ppo-atari: DIFFERS at step "), line
 
 
@@ -166,3 +168,62 @@ def test_the_atari_dqn_pairs_stacks_are_one_new_frame_a_step_as_an_emulators():
     assert (first == first[:, :1]).all()  # after a reset, four copies of the first frame
     second = pool.step(np.zeros(2, dtype=np.int64))[0]
     assert (second[:, :3] == first[:, 1:]).all() and not (second[:, 3] == first[:, 3]).all()
+
+
+def test_the_procgen_stand_ins_give_each_side_the_same_frames_in_its_own_layout(monkeypatch):
+    """Ours reads envpool's Procgen spaces and pool (3x64x64); CleanRL's ppg_procgen.py reads procgen's ProcgenEnv under
+    gym 0.23, a dict of 64x64x3 "rgb" frames and a list of infos: the same scripted frames, channels last."""
+    import types
+
+    import gymnasium
+
+    spec = lockstep.PAIRS["ppg"][3]
+    real = envpool.make_spec("StarpilotEasy-v0")
+    ours = lockstep.ScriptedPool(spec, 2, "gymnasium")
+    assert ours.observation_space == real.observation_space and ours.action_space == real.action_space
+    gym = types.SimpleNamespace(Env=object, spaces=gymnasium.spaces)  # gym 0.23's names, which CleanRL needs alone
+    monkeypatch.setitem(__import__("sys").modules, "gym", gym)
+    pools = []
+    theirs = lockstep.procgen_pool(spec, 2, pools)
+    assert theirs.observation_space["rgb"].shape == (64, 64, 3) and theirs.action_space.n == real.action_space.n
+    np.testing.assert_array_equal(theirs.reset()["rgb"], ours.reset()[0].transpose(0, 2, 3, 1))
+    obs, reward, done, infos = theirs.step(np.zeros(2))
+    mine = ours.step(np.zeros(2))
+    np.testing.assert_array_equal(obs["rgb"], mine[0].transpose(0, 2, 3, 1))
+    np.testing.assert_array_equal(reward, mine[1])
+    assert infos == [{}, {}] and not done.any() and pools[-1].step_count == 1  # the pool the actions' script follows
+
+
+@pytest.mark.parametrize("pair", ["ppg", "rnd"])
+def test_each_departure_still_edits_ours_where_it_expects_and_the_edited_file_compiles(pair):
+    """The PPG and RND pairs make ours' departures CleanRL's by editing a copy of ours (TEXT_PATCHES) and by replacing
+    its functions (make_same): a change to ours' file that moves an edited line, or renames a replaced function, is
+    caught here rather than in the study."""
+    script = ROOT / "algorithms" / lockstep.PAIRS[pair][1][0]
+    departures = list(lockstep.PAIRS[pair][3]["departures"])
+    text = script.read_text()
+    edited = lockstep.patched(text, departures)
+    assert (edited != text) == any(d in lockstep.TEXT_PATCHES for d in departures)
+    names = {"__file__": str(script), "__name__": "lockstep_check"}
+    exec(compile(edited, str(script), "exec"), names)  # defines everything; runs nothing (no __main__)
+    functions = {"ppg": ("normalize_advantages", "training_steps"), "rnd": ("normalize_intrinsic",)}[pair]
+    replaced = {k: names[k] for k in functions}
+    lockstep.make_same(names, departures)
+    assert all(names[k] is not v for k, v in replaced.items())
+    if pair == "rnd":  # an edit whose line has moved on is refused, not skipped
+        with pytest.raises(SystemExit, match="no longer has 'nn.LeakyReLU"):
+            lockstep.patched(text.replace("nn.LeakyReLU(0.2)", "nn.LeakyReLU(0.3)", 1), departures)
+
+
+def test_one_optimiser_over_the_agent_and_the_predictor_is_named_and_its_fixed_target_found():
+    rnd = load_algorithm("rnd_ppo")
+    import gymnasium
+
+    agent = rnd.Agent(gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8), gymnasium.spaces.Discrete(4))
+    model = rnd.RNDModel()
+    params = list(agent.parameters()) + list(model.predictor.parameters())
+    names, module = lockstep.optimised_module(params, lockstep.PAIRS["rnd"][4])
+    assert module is agent and names[0] == "trunk.0.weight" and names[-1].startswith("predictor.")
+    assert len(names) == len(params)
+    fixed = lockstep.fixed_network(params, "target")
+    assert [id(t) for t in fixed] == [id(t) for t in model.target.parameters()]

@@ -21,6 +21,17 @@ under one optimiser) are compared in ours' layout (as_critics: one batched modul
 target networks, copied from the online ones before the optimiser is made, get the reference's weights as well. DQN's
 Atari pair scripts one new frame a step, stacked four deep as an emulator's, since ours stores the newest frame alone.
 
+The PPG pair runs a whole phase (both policy iterations, all six auxiliary epochs) on procgen's ProcgenEnv as CleanRL
+wraps it (channels-last frames of the same script). ppg_procgen.py follows openai/phasic-policy-gradient, which departs
+from CleanRL's file within a phase: a second Adam for the auxiliary phase, no leftover policy gradient in its first
+step, the advantages' population std. Those are made CleanRL's by make_same, and each is left as ours in turn, which
+must not match (run_departures, as scenario 2 below); the rest of CleanRL's settings are flags on one side or the other.
+The RND pair is run the same way: rnd_ppo.py follows openai/random-network-distillation, and seven details differ from
+CleanRL's ppo_rnd_envpool.py (DIFFERENCES), some made CleanRL's by editing a copy of ours (TEXT_PATCHES: a network's
+shape, say), the others on its functions. Its one optimiser holds two modules (the agent and RND's predictor), and the
+fixed random target network, in no optimiser, gets the reference's weights too; CleanRL's random choice of the frames
+the predictor learns from is scripted to the ones ours takes (the first quarter of each minibatch).
+
 Two scenarios per pair. 1: no episode ends. 2: the scripted env ends episodes (about one env step in 20, a third of
 them by a time limit) with envpool's and gymnasium 1.x's next-step autoreset. There ours departs from CleanRL on
 purpose (DIFFERENCES: it bootstraps a truncation, and masks out the reset step; docs/ppo.md gives the sources), so ours
@@ -42,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -131,27 +143,118 @@ PAIRS = {
         {"network": "actor", "fc1": "actor", "fc2": "actor", "fc_mu": "actor", "weights": "critic", "biases": "critic"},
         None,
     ),
+    "ppg": (
+        "ppg_procgen.py StarpilotEasy-v0 --arch detach against ppg_procgen.py, 4 envs x 32 steps, a whole phase: 2 policy "
+        "iterations of 2 minibatches, then 6 auxiliary epochs of 4 minibatches of 2 rollouts (ours: --max-grad-norm 0.5 "
+        "--vf-coef 0.5, CleanRL's settings; CleanRL: --no-clip-vloss, ours' value loss)",
+        [
+            "ppg_procgen.py",
+            *"--env-id StarpilotEasy-v0 --arch detach --num-envs 4 --num-steps 32 --num-minibatches 2 --n-pi 2".split(),
+            *"--aux-rollouts 2 --total-timesteps 384 --max-grad-norm 0.5 --vf-coef 0.5 --chunk-size 4096 --no-cuda".split(),
+        ],  # 3 iterations: ours' auxiliary phase follows a phase's last iteration only when one more comes (stop_early)
+        [
+            "cleanrl/ppg_procgen.py",
+            *"--env-id starpilot --num-envs 4 --num-steps 32 --num-minibatches 2 --n-iteration 2".split(),
+            *"--num-aux-rollouts 2 --total-timesteps 256 --no-clip-vloss --no-cuda".split(),
+        ],
+        # procgen: CleanRL's ProcgenEnv (gym 0.23, channels-last frames) beside ours' envpool pool; departures: ours'
+        # differences from CleanRL within a phase, each made CleanRL's by make_same (DIFFERENCES); stop_early: ours stops
+        # once it has taken as many optimiser steps as the reference
+        dict(
+            obs_shape=(3, 64, 64),
+            num_actions=15,
+            procgen=True,
+            departures=("one-adam", "stale-grad", "adv-std"),
+            stop_early=True,
+        ),  # fmt: skip
+        {"network": "trunk", "policy_net": "trunk", "actor": "actor", "critic": "critic", "aux_critic": "aux"},
+        None,  # scenario 2 not built: procgen resets an ended env within the step, envpool on the next one
+    ),
+    "rnd": (
+        "rnd_ppo.py Breakout-v5 against ppo_rnd_envpool.py, 4 envs x 32 steps, 2 iterations of 2 epochs of 2 minibatches, "
+        "after one rollout of random steps for the observation statistics (ours: --anneal-lr --norm-adv --vf-coef 0.5 "
+        "--max-grad-norm 0.5, CleanRL's settings; CleanRL: --no-clip-vloss, ours' extrinsic value loss)",
+        [
+            "rnd_ppo.py",
+            *"--env-id Breakout-v5 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2".split(),
+            *"--total-timesteps 256 --num-iterations-obs-norm-init 1 --anneal-lr --norm-adv --vf-coef 0.5".split(),
+            "--max-grad-norm",
+            "0.5",
+            *"--chunk-size 4096 --no-cuda".split(),
+        ],
+        [
+            "cleanrl/ppo_rnd_envpool.py",
+            *"--env-id Breakout-v5 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2".split(),
+            *"--total-timesteps 256 --num-iterations-obs-norm-init 1 --no-clip-vloss --no-cuda".split(),
+        ],
+        # fixed: the random target network, in no optimiser, copied from the reference's as well; predicted: CleanRL
+        # draws each minibatch frame for the predictor with that probability, scripted to the first quarter, ours' pick
+        dict(
+            obs_shape=(4, 84, 84),
+            num_actions=4,
+            lives=5,
+            fixed="target",
+            predicted=0.25,
+            departures=(
+                "policy-conv",
+                "policy-residual",
+                "leaky-slope",
+                "adam-eps",
+                "rnd-frames",
+                "filter-axis",
+                "reward-count",
+            ),
+        ),  # fmt: skip
+        {
+            "network": "trunk",
+            "trunk": "trunk",
+            "actor": "actor",
+            "extra_policy": "actor",
+            "extra_layer": "critic",
+            "extra_value": "critic",
+            "critic_ext": "critic",
+            "critic_int": "critic",
+            "predictor": "predictor",
+        },  # fmt: skip
+        None,  # scenario 2 not built
+    ),
 }
 # Where ours departs from CleanRL on purpose, at an episode's end (docs/ppo.md, "Departures from CleanRL", with the
 # sources): each made CleanRL's way by make_same, so that scenario 2 can show it is the only difference
 DIFFERENCES = {
     "truncation": "truncation bootstrapping",  # ours bootstraps a truncated episode from V(final observation)
     "reset-step": "the reset step's mask",  # ours masks out the reset step of next-step autoreset
+    # PPG, within a phase (docs/ppg_procgen.md): ours follows openai/phasic-policy-gradient
+    "one-adam": "the auxiliary phase's own Adam",  # openai's: a second Adam; CleanRL's one Adam carries its moments over
+    "stale-grad": "the policy gradient CleanRL's first auxiliary step adds",  # no zero_grad between its phases
+    "adv-std": "the advantages' population std",  # openai's mpi_moments; CleanRL's torch .std() divides by n - 1
+    # RND, without episode ends (docs/rnd_ppo.md): ours follows openai/random-network-distillation
+    "policy-conv": "the policy's 4x4 third convolution",  # CleanRL's is 3x3 (a 7x7 map, not 6x6, into the dense layer)
+    "policy-residual": "the policy head's residual connection",  # CleanRL's actor: two layers, no skip
+    "leaky-slope": "RND's leaky-ReLU slope of 0.2",  # TensorFlow's default; CleanRL's nn.LeakyReLU() has 0.01
+    "adam-eps": "Adam's eps of 1e-8",  # CleanRL's 1e-5
+    "rnd-frames": "RND's frames",  # ours the frame each step reached; CleanRL's statistics and predictor the step's own
+    "filter-axis": "the intrinsic reward filter's axis",  # ours runs over time; CleanRL's over the rollout's envs
+    "reward-count": "the intrinsic return statistics' count",  # CleanRL counts a rollout as num_envs values
 }
-# The pairs the harness does not drive yet, and why (a row each in the table --out writes)
-NOT_DRIVEN = {
-    "ppg_procgen.py --arch detach against ppg_procgen.py": "not driven yet: ppg_procgen.py follows the paper's code "
-    "(openai/phasic-policy-gradient), which departs from CleanRL's even without episode ends: a second Adam for the "
-    "auxiliary phase (CleanRL's one Adam carries its moments across both), advantages normalised over the whole batch "
-    "(CleanRL's per minibatch), no value-loss or gradient clipping (CleanRL's clips both; docs/ppg_procgen.md). Each "
-    "needs its own switch before a phase can be compared",
-    "rnd_ppo.py against ppo_rnd_envpool.py": "not driven yet: rnd_ppo.py follows the paper's code "
-    "(openai/random-network-distillation), and its networks' third convolution is 4x4 where CleanRL's is 3x3, so the "
-    "weights cannot be copied; CleanRL's observation statistics also take the rollout's frames where ours take the "
-    "next frames it scores (docs/rnd_ppo.md)",
-}
-ROLES = ("trunk", "memory", "actor", "critic")  # the order both sides' parameters are recorded and copied in (CleanRL's ppo.py
-# makes its critic first, ours its actor): by role, then by position within the role
+# ours' text where a difference is made CleanRL's by editing ours' file (its copy, in the side's process): (old, new,
+# how many times old occurs); the others are made CleanRL's on ours' functions (make_same)
+TEXT_PATCHES = {
+    "policy-conv": [("layer_init(nn.Conv2d(64, 64, 4, stride=1))", "layer_init(nn.Conv2d(64, 64, 3, stride=1))", 1)],
+    "policy-residual": [
+        ("policy_h, value_h = h + F.relu(self.extra_policy(h)),", "policy_h, value_h = F.relu(self.extra_policy(h)),", 1)
+    ],
+    "leaky-slope": [("nn.LeakyReLU(0.2)", "nn.LeakyReLU()", 3)],
+    "adam-eps": [("torch.optim.Adam(params, lr=lr0, fused=", "torch.optim.Adam(params, lr=lr0, eps=1e-5, fused=", 1)],
+    "rnd-frames": [  # the statistics' update after the rollout (not the same line in the random steps before), the batch
+        ("update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)\n            _,",
+         "update_frame_stats(obs_rms, obs[:, :, -1:].flatten(0, 1), world_size=args.world_size)\n            _,", 1),
+        ("frames=frames.flatten(0, 1),", "frames=obs[:, :, -1:].flatten(0, 1),", 1),
+    ],
+}  # fmt: skip
+# the order both sides' parameters are recorded and copied in (CleanRL's ppo.py makes its critic first, ours its actor):
+# by role, then by position within the role
+ROLES = ("trunk", "memory", "actor", "critic", "aux", "predictor")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -284,6 +387,33 @@ def old_gym_pool(pool: ScriptedPool):
     return OldGymPool()
 
 
+def procgen_pool(spec: dict, num_envs: int, pools: list):
+    """A scripted pool as procgen's ProcgenEnv under gym 0.23, as CleanRL's ppg_procgen.py wraps it: a dict observation
+    whose "rgb" frames are the pool's, channels last; a list of infos. No episode ends (procgen resets an ended env
+    within the step, which the pool's next-step reset does not stand in for)."""
+    import gym
+
+    pool = ScriptedPool(spec, num_envs, "gym")
+    pools.append(pool)
+    channels_last = lambda obs: {"rgb": np.ascontiguousarray(obs.transpose(0, 2, 3, 1))}  # noqa: E731
+
+    class ProcgenEnv(gym.Env):
+        def __init__(self):
+            c, h, w = spec["obs_shape"]
+            self.num_envs = num_envs
+            self.observation_space = gym.spaces.Dict({"rgb": gym.spaces.Box(0, 255, (h, w, c), np.uint8)})
+            self.action_space = gym.spaces.Discrete(spec["num_actions"])
+
+        def reset(self, **kwargs):
+            return channels_last(pool.reset())
+
+        def step(self, action):
+            obs, reward, done, _ = pool.step(action)
+            return channels_last(obs), reward, done, [{} for _ in range(num_envs)]
+
+    return ProcgenEnv()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # One side, in a child process: the stand-ins installed, the script run, what it did recorded
 # ---------------------------------------------------------------------------------------------------------------------
@@ -294,10 +424,34 @@ def optimised_module(params: list, roles: dict) -> tuple[tuple[str, ...], torch.
     import gc
 
     ids, found = [id(p) for p in params], []
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.nn.Module) and [id(p) for p in obj.parameters()] == ids:
+    modules = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+    for obj in modules:
+        if [id(p) for p in obj.parameters()] == ids:
             found.append((tuple(name for name, _ in obj.named_parameters()), obj))
+    if not found:  # one optimiser over two modules (RND: the agent, then the predictor), the second's names under its own
+        for first in modules:
+            head = [id(p) for p in first.parameters()]
+            rest = [obj for obj in modules if head and head + [id(p) for p in obj.parameters()] == ids]
+            named = [(name, child) for obj in modules for name, child in obj.named_children() if rest and child is rest[0]]
+            if named:
+                names = [name for name, _ in first.named_parameters()]
+                names += [f"{named[0][0]}.{name}" for name, _ in named[0][1].named_parameters()]
+                found.append((tuple(names), first))
     return max(found, key=lambda f: sum(name.split(".")[0] in roles for name in f[0]), default=None)
+
+
+def fixed_network(params: list, name: str) -> list[torch.Tensor]:
+    """The parameters of the live module's child `name` (RND's target) beside the optimised ones: the child of the one
+    module that also has a child all of whose parameters are being optimised (its predictor)."""
+    import gc
+
+    ids = {id(p) for p in params}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.nn.Module) and isinstance(getattr(obj, name, None), torch.nn.Module):
+            others = [c for n, c in obj.named_children() if n != name and any(True for _ in c.parameters())]
+            if others and all(id(p) in ids for c in others for p in c.parameters()):
+                return list(getattr(obj, name).parameters())
+    raise SystemExit(f"lockstep.py: error: no module holds a {name} network beside the optimised one")
 
 
 def target_copies(module: torch.nn.Module | None) -> list[torch.nn.Module]:
@@ -333,8 +487,34 @@ def layer_ids(names: list[str]) -> list[int]:
     return [list(dict.fromkeys(keys)).index(key) for key in keys]
 
 
+def patched(text: str, same: list[str]) -> str:
+    """Ours' source with the TEXT_PATCHES of the differences in `same` made, each edit where it is expected."""
+    for difference in same:
+        for old, new, times in TEXT_PATCHES.get(difference, []):
+            if text.count(old) != times:
+                raise SystemExit(f"lockstep.py: error: ours no longer has {old!r} {times} time(s), to make {difference}")
+            text = text.replace(old, new)
+    return text
+
+
 def make_same(names: dict, same: list[str]) -> None:
-    """Ours' module globals (names) with the differences in `same` made CleanRL's way, through its compute_gae."""
+    """Ours' module globals (names) with the differences in `same` made CleanRL's way: ppo.py's through its
+    compute_gae, ppg_procgen.py's through its normalize_advantages, training_steps and optimizer_step."""
+    if "adv-std" in same:  # CleanRL: (adv - mean) / (adv.std() + 1e-8), torch's sample std
+
+        def normalize_advantages(advantages, valid, world_size=1):
+            count = valid.sum()
+            mean = (advantages * valid).sum() / count
+            std = (((advantages - mean) ** 2 * valid).sum() / (count - 1)).sqrt()
+            return (advantages - mean) / (std + 1e-8) * valid
+
+        names["normalize_advantages"] = normalize_advantages
+    if {"one-adam", "stale-grad"} & set(same):
+        make_same_phases(names, same)
+    if {"filter-axis", "reward-count"} & set(same):
+        make_same_intrinsic(names, same)
+    if "compute_gae" not in names or not {"truncation", "reset-step"} & set(same):
+        return
     gae = names["compute_gae"]
 
     def compute_gae(rewards, values, next_value, terminations, dones, valid, *rest):
@@ -345,6 +525,63 @@ def make_same(names: dict, same: list[str]) -> None:
         return gae(rewards, values, next_value, terminations, dones, valid, *rest)
 
     names["compute_gae"] = compute_gae
+
+
+def make_same_phases(names: dict, same: list[str]) -> None:
+    """ppg_procgen.py's phases as CleanRL's: one Adam for both ("one-adam"); and ("stale-grad") the first auxiliary
+    minibatch of a phase adding the gradient its last policy minibatch left behind, clipped as it was stepped: CleanRL
+    zeroes the gradients before each policy backward pass and after each auxiliary step, never between the phases."""
+    training_steps, optimizer_step, held = names["training_steps"], names["optimizer_step"], {}
+
+    def step_keeping(optimizer, params, max_grad_norm, set_to_none=True):
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        held["last"] = [None if p.grad is None else p.grad.clone() for p in params]
+        optimizer_step(optimizer, params, 0.0, set_to_none)  # clipped above
+
+    def steps_as_cleanrl(agent, optimizer, aux_optimizer, args):
+        steps = training_steps(agent, optimizer, optimizer if "one-adam" in same else aux_optimizer, args)
+        if "stale-grad" not in same:
+            return steps
+        params, policy_step, aux_chunk = list(agent.parameters()), steps["policy_step"], steps["aux_chunk"]
+
+        def policy_step_kept():
+            policy_step()
+            held["stale"] = held.pop("last")
+
+        def aux_chunk_after(*chunk_args, **kwargs):
+            for p, grad in zip(params, held.pop("stale", None) or [None] * len(params), strict=True):
+                if grad is not None:
+                    p.grad = grad
+            return aux_chunk(*chunk_args, **kwargs)
+
+        names["optimizer_step"] = step_keeping
+        return dict(steps, policy_step=policy_step_kept, aux_chunk=aux_chunk_after)
+
+    names["training_steps"] = steps_as_cleanrl
+
+
+def make_same_intrinsic(names: dict, same: list[str]) -> None:
+    """rnd_ppo.py's intrinsic reward normalisation as CleanRL's: its RewardForwardFilter fed the rollout's rows env by
+    env (each env's steps as one vector, the filter running on from env to env and rollout to rollout: "filter-axis"),
+    and the statistics of the filtered values counted as num_envs values a rollout ("reward-count")."""
+    forward_filter, update, held = names["forward_filter"], names["update_mean_var_count"], {}
+
+    def normalize_intrinsic(rewards, rewems, valid, rms, gamma, world_size=1):
+        if "filter-axis" in same:
+            rows = []
+            for row in rewards.T:
+                held["rewems"] = row.clone() if "rewems" not in held else held["rewems"] * gamma + row
+                rows.append(held["rewems"])
+            filtered = torch.stack(rows)
+        else:
+            filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
+        x = filtered.double().flatten()
+        count = rewards.shape[1] if "reward-count" in same else x.numel()
+        rms.mean, rms.var, rms.count = update(rms.mean, rms.var, rms.count, x.mean(), x.var(unbiased=False), count)
+        return (rewards / rms.var.sqrt()).float(), rewems
+
+    names["normalize_intrinsic"] = normalize_intrinsic
 
 
 def flag_value(flags: list[str], name: str) -> int:
@@ -473,6 +710,10 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     envpool.make = make
     import gymnasium
 
+    if spec.get("procgen"):  # ours asks envpool for the spaces first; CleanRL makes procgen's own ProcgenEnv
+        envpool.make_spec = lambda task_id, **kwargs: ScriptedPool(spec, 1, "gymnasium")
+        sys.modules["procgen"] = types.SimpleNamespace(ProcgenEnv=lambda num_envs, **kw: procgen_pool(spec, num_envs, pools))
+
     def make_vec(env_id, num_envs=1, **kwargs):  # ours: gymnasium's vector env for a few CartPoles
         pools.append(ScriptedPool(spec, num_envs, "gymnasium"))
         return pools[-1]
@@ -498,6 +739,17 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     np.random.shuffle, torch.randperm = shuffle, randperm
     if spec.get("replay"):  # DQN: every env step explores, with the scripted action; every sample is scripted_batch
         install_replay_draws(spec, pools, counts, flag_value(flags, "--learning-starts"))
+    if spec.get("predicted") and side == "reference":  # CleanRL's predictor mask: torch.rand(minibatch) < proportion
+        rand = torch.rand
+
+        def first_part(*size, **kwargs):  # the first round(proportion x n) frames of the minibatch, ours' pick
+            if len(size) != 1 or not isinstance(size[0], int):
+                return rand(*size, **kwargs)
+            u = torch.full((size[0],), 0.5, device=kwargs.get("device"))
+            u[: max(1, round(spec["predicted"] * size[0]))] = 0.0
+            return u
+
+        torch.rand = first_part
     if "action_dim" in spec:  # TD3: scripted random actions, replay samples and smoothing noise
         install_td3_draws(spec, pools, counts, flag_value(flags, "--learning-starts"), spec["batch_size"])
     # per optimiser, in the order they are made: its tensors' (role, shape), layers, initial values; each step: (the
@@ -508,6 +760,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     # mapped from disk, not read in: the Atari DQN pair's record is about 10 GB (500 steps of the Nature CNN and Adam)
     reference = torch.load(start, weights_only=True, mmap=True) if start is not None else None
     adam_init, optimisers, layouts = torch.optim.Adam.__init__, [], []  # layouts: tensors in the optimiser's order -> ours'
+    numbers = []  # the reference's optimiser each stands for: its own position, or an earlier one's over the same tensors
 
     def init(optimizer, params, *args, **kwargs):
         params, k = list(params), len(optimisers)
@@ -527,12 +780,22 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         layouts.append(layout)
         out["names"].append([(kind, tuple(t.shape)) for kind, t in zip(kinds, layout(params), strict=True)])
         out["layers"].append(layer_ids(names))
+        numbers.append(k)
         if start is not None:
             if k >= len(reference["names"]) or out["names"][k] != reference["names"][k]:
-                raise SystemExit(
-                    f"lockstep.py: error: {pair}: the networks differ, ours {out['names'][k]}, the reference's "
-                    f"{reference['names'][k : k + 1]}; the weights are copied by position only where roles and shapes match"
+                # an optimiser over the same parameters as one before it (PPG's auxiliary Adam) stands for that one
+                numbers[k] = next((numbers[i] for i in range(k) if out["names"][i] == out["names"][k]), None)
+            if numbers[k] is None:
+                mine, theirs = out["names"][k], reference["names"][k] if k < len(reference["names"]) else []
+                i = next(
+                    (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), min(len(mine), len(theirs))
                 )
+                raise SystemExit(
+                    f"lockstep.py: error: {pair}: the networks differ at tensor {i} of {len(mine)}, ours "
+                    f"{mine[i : i + 1]}, the reference's {theirs[i : i + 1]} (of {len(theirs)}); the weights are copied by "
+                    "position only where roles and shapes match"
+                )
+            k = numbers[k]
             with torch.no_grad():
                 mine = layout(params)
                 targets = target_copies(module)  # ours' target networks, made as copies before the optimiser
@@ -542,16 +805,29 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
                     for p, value in zip(target.parameters(), module.parameters(), strict=True):
                         p.copy_(value)
         out["initial"].append([t.detach().clone() for t in layout(params)])
+        if spec.get("fixed"):  # a network in no optimiser (RND's target): the reference's values too
+            fixed = fixed_network(params, spec["fixed"])
+            out["fixed"] = [t.detach().clone() for t in fixed]
+            if start is not None:
+                if [t.shape for t in fixed] != [t.shape for t in reference["fixed"]]:
+                    raise SystemExit(f"lockstep.py: error: {pair}: the networks differ, ours' {spec['fixed']} network too")
+                with torch.no_grad():
+                    for t, value in zip(fixed, reference["fixed"], strict=True):
+                        t.copy_(value)
         adam_init(optimizer, params, *args, **kwargs)
 
     torch.optim.Adam.__init__ = init
 
     def after_step(optimizer, args, kwargs):
-        k = next(i for i, o in enumerate(optimisers) if o is optimizer)
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        moments = [layouts[k]([optimizer.state[p][m] for p in params]) for m in ("exp_avg", "exp_avg_sq")]
+        i = next(i for i, o in enumerate(optimisers) if o is optimizer)
+        params, k, layout = [p for group in optimizer.param_groups for p in group["params"]], numbers[i], layouts[i]
+        # a tensor no loss has reached yet (PPG's auxiliary head in the policy phase) has no moments: zeros
+        state = [optimizer.state[p] or dict(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)) for p in params]
+        moments = [layout([s[m] for s in state]) for m in ("exp_avg", "exp_avg_sq")]
         moments = [m for pair in zip(*moments, strict=True) for m in pair]  # each tensor's two, side by side
-        mine = (k, [p.detach().clone() for p in layouts[k](params)], [m.clone() for m in moments])
+        mine = (k, [p.detach().clone() for p in layout(params)], [m.clone() for m in moments])
+        out["losses"].append(sum(pending))  # the step's loss: the sum of the backward passes since the last step
+        pending.clear()
         if start is None:  # the reference keeps every step; ours compares each at once and keeps the verdict alone
             out["steps"].append(mine)
             return
@@ -561,14 +837,18 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
             out["checked"].append(compare_step(len(out["steps"]), mine, theirs, reference))
             if theirs[0] == k:  # else compare reports the steps out of order
                 with torch.no_grad():
-                    for tensor, value in zip(layouts[k](params) + moments, theirs[1] + theirs[2], strict=True):
+                    for tensor, value in zip(layout(params) + moments, theirs[1] + theirs[2], strict=True):
                         tensor.copy_(value)
+        if spec.get("stop_early") and len(out["steps"]) == len(reference["steps"]):
+            raise SystemExit(0)  # ours has taken the reference's steps; what it does next, the reference does not
 
     register_optimizer_step_post_hook(after_step)
     backward = torch.Tensor.backward
 
+    pending = []  # ours may take a minibatch's loss in parts (RND: PPO's, then the predictor's), each backward on its own
+
     def recorded_backward(loss, *args, **kwargs):
-        out["losses"].append(float(loss.detach()))
+        pending.append(float(loss.detach()))
         return backward(loss, *args, **kwargs)
 
     torch.Tensor.backward = recorded_backward
@@ -579,7 +859,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
 
             found = importlib.util.spec_from_file_location("lockstep_ours", script)
             sys.modules["lockstep_ours"] = module = importlib.util.module_from_spec(found)
-            found.loader.exec_module(module)
+            exec(compile(patched(Path(script).read_text(), same), script, "exec"), vars(module))
             make_same(vars(module), same)
             module.run_main(module.main, module.parse_args())
         else:
@@ -677,8 +957,11 @@ def write_reference(path: str, tree: Path, clone: str | None) -> Path:
 
 
 def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
-    """Scenario 1, no episode ends: both sides, the reference first (ours starts from its weights); the pair's line."""
-    _, our_cmd, cleanrl, _, _, _ = PAIRS[pair]
+    """Scenario 1, no episode ends: both sides, the reference first (ours starts from its weights); the pair's line.
+    A pair whose files depart from each other even so (spec["departures"]) is run as run_departures does."""
+    _, our_cmd, cleanrl, spec, _, _ = PAIRS[pair]
+    if spec.get("departures"):
+        return run_departures(pair, tree, clone, deps, ours, False, spec["departures"])
     records = {side: tree / f"{pair}_{side}.pt" for side in ("reference", "ours")}
     reference = write_reference(cleanrl[0], tree, clone)
     for side, script, flags, start in (
@@ -690,30 +973,36 @@ def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) ->
     return pair_line(pair, records["ours"], records["reference"])
 
 
-def run_ends(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
-    """Scenario 2, episodes end: the reference, then ours with every one of its DIFFERENCES made CleanRL's (which must
-    match) and with each left as ours in turn (which must not: each difference is real and the data exercises it)."""
-    _, our_cmd, cleanrl, _, _, differences = PAIRS[pair]
-    reference = tree / f"{pair}_ends_reference.pt"
+def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Path, ends: bool, differences) -> str:
+    """The reference, then ours with every one of `differences` made CleanRL's (which must match) and with each left as
+    ours in turn (which must not: each difference is real and the data exercises it). Scenario 2 (ends: episodes end)
+    with DIFFERENCES at an episode's end; scenario 1 of a pair whose files differ without them (PPG)."""
+    _, our_cmd, cleanrl, _, _, _ = PAIRS[pair]
+    where, label = ("ends", " with episode ends") if ends else ("phase", "")
+    reference = tree / f"{pair}_{where}_reference.pt"
     script = write_reference(cleanrl[0], tree, clone)
-    if failed := side_process("reference", pair, script, cleanrl[1:], reference, None, deps, ends=True):
-        return f"{pair} with episode ends: the reference side failed: {failed}"
+    if failed := side_process("reference", pair, script, cleanrl[1:], reference, None, deps, ends=ends):
+        return f"{pair}{label}: the reference side failed: {failed}"
     results = {}
     for left in (None, *differences):  # None: all made CleanRL's; else that one left as ours
-        record = tree / f"{pair}_ends_ours_{left or 'none'}.pt"
+        record = tree / f"{pair}_{where}_ours_{left or 'none'}.pt"
         same = [d for d in differences if d != left]
-        if failed := side_process("ours", pair, ours / our_cmd[0], our_cmd[1:], record, reference, deps, True, same):
-            return f"{pair} with episode ends: ours failed: {failed}"
+        failed = side_process("ours", pair, ours / our_cmd[0], our_cmd[1:], record, reference, deps, ends, same)
+        if failed and left and "the networks differ" in failed:  # a difference of shape: refused before any step
+            results[left] = (float("nan"), 0, 0, "DIFFERS before the first step: " + failed.split(": ", 3)[-1])
+            continue
+        if failed:
+            return f"{pair}{label}: ours failed: {failed}"
         results[left] = compare(*(torch.load(r, weights_only=True, mmap=True) for r in (record, reference)))
-    named = " and ".join(DIFFERENCES[d] for d in differences)
+    named = ", ".join(DIFFERENCES[d] for d in differences[:-1]) + f" and {DIFFERENCES[differences[-1]]}"
     worst, steps, kinks, mismatch = results[None]
     if mismatch:
-        return f"{pair} with episode ends, {named} made CleanRL's: {mismatch}"
+        return f"{pair}{label}, {named} made CleanRL's: {mismatch}"
     if idle := [DIFFERENCES[d] for d in differences if results[d][3] is None]:
-        return f"{pair} with episode ends: leaving ours' {', '.join(idle)} changed nothing (the data does not reach it)"
+        return f"{pair}{label}: leaving ours' {', '.join(idle)} changed nothing (the data does not reach it)"
     each = "; ".join(f"{DIFFERENCES[d]} left as ours: {results[d][3]}" for d in differences)
     kinked = f" (one unit at a ReLU's kink in {kinks})" if kinks else ""
-    return (f"{pair} with episode ends: with {named} made CleanRL's, max difference {worst:.2g} after {steps} optimiser "
+    return (f"{pair}{label}: with {named} made CleanRL's, max difference {worst:.2g} after {steps} optimiser "
             f"steps{kinked} ({each}): match")  # fmt: skip
 
 
@@ -752,15 +1041,15 @@ def main(argv: list[str] | None = None) -> int:
         for pair in args.only or list(PAIRS):
             for scenario in [k for k in args.scenarios if k == 1 or PAIRS[pair][5]]:  # scenario 2 where it is built
                 start = time.time()
-                run = {1: run_pair, 2: run_ends}[scenario]
-                lines.append((pair, scenario, run(pair, tree, args.cleanrl, args.deps, Path(args.ours))))
+                where = (tree, args.cleanrl, args.deps, Path(args.ours))
+                line = run_pair(pair, *where) if scenario == 1 else run_departures(pair, *where, True, PAIRS[pair][5])
+                lines.append((pair, scenario, line))
                 print(f"{lines[-1][2]} ({time.time() - start:.0f} s)", flush=True)
     matched = sum(line.endswith(": match") for _, _, line in lines)
     print(f"{matched} of {len(lines)} pairs match")
     if args.out:
         scenarios = {1: "no episode ends", 2: "episodes end"}
         rows = "\n".join(f"| {PAIRS[pair][0]} | {scenarios[k]} | {line.split(': ', 1)[1]} |" for pair, k, line in lines)
-        rows += "".join(f"\n| {pair} | none | {why} |" for pair, why in NOT_DRIVEN.items() if not args.only)
         Path(args.out).write_text(
             f"# Lockstep against CleanRL at {CLEANRL_COMMIT[:8]}\n\n"
             "Each pair: our file and CleanRL's on the same scripted data, from the same initial weights, with the same "
@@ -777,7 +1066,13 @@ def main(argv: list[str] | None = None) -> int:
             "CleanRL's way the pair must match, and with each left as ours it must differ: each is real, and they are "
             "the only differences. The second scenario is built for ppo.py's feed-forward pairs only: where ppo.py "
             "zeroes its memory at an episode's end, and which transition the replay files store at one, are departures "
-            "not yet named to the harness.\n\n"
+            "not yet named to the harness, and procgen resets an ended env within the step, envpool on the next one. "
+            "ppg_procgen.py departs from CleanRL's file even without episode ends (its auxiliary phase's own Adam, "
+            "no leftover policy gradient in that phase's first step, the advantages' population std: "
+            "[docs/ppg_procgen.md](../../docs/ppg_procgen.md)); its pair is run as the second scenario is, each "
+            "departure made CleanRL's for the match and left as ours alone for a difference. So is the RND pair, for "
+            "the seven details where rnd_ppo.py follows openai/random-network-distillation "
+            "([docs/rnd_ppo.md](../../docs/rnd_ppo.md), detail 10).\n\n"
             f"    python benchmark/studies/lockstep.py{' --only ' + ' '.join(args.only) if args.only else ''}\n\n"
             f"| pair | scenario | result |\n|---|---|---|\n{rows}\n\n{matched} of {len(lines)} pairs match.\n"
         )
