@@ -36,14 +36,18 @@ Two scenarios per pair. 1: no episode ends. 2: the scripted env ends episodes (a
 them by a time limit) with envpool's and gymnasium 1.x's next-step autoreset. There ours departs from CleanRL on
 purpose (DIFFERENCES: it bootstraps a truncation, and masks out the reset step; docs/ppo.md gives the sources), so ours
 runs three times: with both departures made CleanRL's way (make_same, a patch of ours' compute_gae), which must match,
-and with each left as ours, which must not: so each departure is real, reached by the data, and the only one.
+and with each left as ours, which must not: so each departure is real, reached by the data, and the only one. With
+memory (ppo-lstm) there is a third, where the memory is zeroed, made CleanRL's by an edit of ours (TEXT_PATCHES). The
+replay pairs have no second scenario: CleanRL's replay files read gymnasium 0.29's same-step autoreset (the final
+observation in the step's info), which this next-step scripted env does not stand in for.
 
 Each side runs in a child process of this script (`--side`), which installs the stand-ins and records what it
 compares; this process compares the two records. Its Atari file needs gym 0.23 on the path (--deps, as
 cleanrl_speed.py's). Prints one line per pair and `N of M pairs match`; exits 0 only when every pair matches. The
-reference side keeps every step's tensors until it saves them: about 10 GB of memory, and as much disk, for the Atari
-DQN pair (500 steps of the Nature CNN and Adam's two moments); ours' side maps that record and compares each step as
-it makes it. All pairs: about 5 minutes on 2 quiet cores.
+reference side writes each step's tensors to a file of its own as it takes the step, and ours' side maps each file
+from disk as it reaches that step and compares at once, keeping only the verdict: neither holds the steps in memory,
+which for the Atari DQN pair are about 10 GB (500 steps of the Nature CNN and Adam's two moments; as much temporary
+disk). All pairs: about 7 minutes on 2 quiet cores.
 """
 
 import argparse
@@ -91,7 +95,7 @@ PAIRS = {
         ["cleanrl/ppo_atari_lstm.py", "--total-timesteps", "2048", "--no-cuda"],  # its env id is never made here
         dict(obs_shape=(1, 84, 84), num_actions=4, lives=5),  # one frame per observation, as both files take it
         {"network": "trunk", "encoder": "trunk", "lstm": "memory", "memory": "memory", "actor": "actor", "critic": "critic"},
-        None,  # scenario 2 not built: where the memory is zeroed at an episode's end is a third departure
+        ("truncation", "reset-step", "memory-reset"),
     ),
     "dqn-classic": (
         "dqn.py CartPole-v1 (classic preset) against dqn.py, 1 env, 500 gradient steps after 1,000 learning-starts steps",
@@ -224,6 +228,7 @@ PAIRS = {
 DIFFERENCES = {
     "truncation": "truncation bootstrapping",  # ours bootstraps a truncated episode from V(final observation)
     "reset-step": "the reset step's mask",  # ours masks out the reset step of next-step autoreset
+    "memory-reset": "where the memory is zeroed",  # ours at the next episode's first frame; CleanRL's at the reset step
     # PPG, within a phase (docs/ppg_procgen.md): ours follows openai/phasic-policy-gradient
     "one-adam": "the auxiliary phase's own Adam",  # openai's: a second Adam; CleanRL's one Adam carries its moments over
     "stale-grad": "the policy gradient CleanRL's first auxiliary step adds",  # no zero_grad between its phases
@@ -240,6 +245,7 @@ DIFFERENCES = {
 # ours' text where a difference is made CleanRL's by editing ours' file (its copy, in the side's process): (old, new,
 # how many times old occurs); the others are made CleanRL's on ours' functions (make_same)
 TEXT_PATCHES = {
+    "memory-reset": [("next_start = next_start, 1.0 - valid[step]", "next_start = next_start, dones[step]", 1)],
     "policy-conv": [("layer_init(nn.Conv2d(64, 64, 4, stride=1))", "layer_init(nn.Conv2d(64, 64, 3, stride=1))", 1)],
     "policy-residual": [
         ("policy_h, value_h = h + F.relu(self.extra_policy(h)),", "policy_h, value_h = F.relu(self.extra_policy(h)),", 1)
@@ -695,7 +701,8 @@ def install_replay_draws(spec: dict, pools: list, counts: dict, below: int) -> N
 def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None, ends: bool = False,
              same: list[str] = ()) -> None:  # fmt: skip
     """Runs `script` (as __main__, with flags) with the stand-ins; writes to `record` the optimised parameters' names,
-    their initial values and, after every optimiser step, the parameters, Adam's moments and the minibatch's loss.
+    their initial values and, after every optimiser step, the parameters and Adam's moments (the reference: to a file
+    of the step's own beside `record`; ours: its verdict against the reference's) and the minibatch's loss.
     With `start` (the reference's record), the parameters are set to its initial values before the first step. With
     `ends`, episodes end (scripted_ends); `same` (ours only) makes those DIFFERENCES CleanRL's (make_same)."""
     import envpool
@@ -757,7 +764,8 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     out = {"names": [], "layers": [], "initial": [], "steps": [], "losses": []}
     if start is not None:
         out["checked"] = []  # ours: each step's verdict against the reference's (compare_step), in place of its tensors
-    # mapped from disk, not read in: the Atari DQN pair's record is about 10 GB (500 steps of the Nature CNN and Adam)
+    # each of the reference's steps mapped from disk as ours reaches it, not read in: the Atari DQN pair's are about
+    # 10 GB (500 steps of the Nature CNN and Adam)
     reference = torch.load(start, weights_only=True, mmap=True) if start is not None else None
     adam_init, optimisers, layouts = torch.optim.Adam.__init__, [], []  # layouts: tensors in the optimiser's order -> ours'
     numbers = []  # the reference's optimiser each stands for: its own position, or an earlier one's over the same tensors
@@ -828,12 +836,14 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         mine = (k, [p.detach().clone() for p in layout(params)], [m.clone() for m in moments])
         out["losses"].append(sum(pending))  # the step's loss: the sum of the backward passes since the last step
         pending.clear()
-        if start is None:  # the reference keeps every step; ours compares each at once and keeps the verdict alone
-            out["steps"].append(mine)
+        if start is None:  # the reference writes each step to a file of its own beside its record, and holds none
+            name = f"{Path(record).name}.step{len(out['steps'])}"
+            torch.save(mine, Path(record).parent / name)
+            out["steps"].append((k, name, None))
             return
-        out["steps"].append((k, None, None))
+        out["steps"].append((k, None, None))  # ours compares each step at once and keeps the verdict alone
         if len(out["steps"]) <= len(reference["steps"]):  # in step: go on from the reference's
-            theirs = reference["steps"][len(out["steps"]) - 1]
+            theirs = reference_step(Path(start), reference["steps"][len(out["steps"]) - 1])
             out["checked"].append(compare_step(len(out["steps"]), mine, theirs, reference))
             if theirs[0] == k:  # else compare reports the steps out of order
                 with torch.no_grad():
@@ -897,6 +907,13 @@ def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
         if not abs(loss_ours - loss_ref) <= TOLERANCE * (1 + abs(loss_ref)):
             return worst, k, kinks, f"DIFFERS at step {k}, the loss ({loss_ours:.7g} against {loss_ref:.7g})"
     return worst, len(reference["steps"]), kinks, None
+
+
+def reference_step(record: Path, step: tuple) -> tuple:
+    """A step of the reference's record, (optimiser, parameters, moments), mapped from its own file where it has one."""
+    if not isinstance(step[1], str):
+        return step
+    return torch.load(record.parent / step[1], weights_only=True, mmap=True)
 
 
 def compare_step(k: int, mine: tuple, theirs: tuple, reference: dict) -> tuple[float, bool, str | None]:
@@ -1064,9 +1081,11 @@ def main(argv: list[str] | None = None) -> int:
             "with the next-step autoreset; ours departs from CleanRL there on purpose, bootstrapping a truncation and "
             "masking out the reset step ([docs/ppo.md](../../docs/ppo.md), with the sources). With both departures made "
             "CleanRL's way the pair must match, and with each left as ours it must differ: each is real, and they are "
-            "the only differences. The second scenario is built for ppo.py's feed-forward pairs only: where ppo.py "
-            "zeroes its memory at an episode's end, and which transition the replay files store at one, are departures "
-            "not yet named to the harness, and procgen resets an ended env within the step, envpool on the next one. "
+            "the only differences; with memory (ppo-lstm) a third, where the memory is zeroed, is made CleanRL's and left "
+            "as ours in the same way. The second scenario is built for ppo.py's pairs only: the replay files' "
+            "CleanRL counterparts read gymnasium 0.29's same-step autoreset (the final observation in the step's "
+            "info), which the scripted env's next-step autoreset does not stand in for, and procgen resets an ended "
+            "env within the step too. "
             "ppg_procgen.py departs from CleanRL's file even without episode ends (its auxiliary phase's own Adam, "
             "no leftover policy gradient in that phase's first step, the advantages' population std: "
             "[docs/ppg_procgen.md](../../docs/ppg_procgen.md)); its pair is run as the second scenario is, each "
