@@ -227,3 +227,23 @@ def test_one_optimiser_over_the_agent_and_the_predictor_is_named_and_its_fixed_t
     assert len(names) == len(params)
     fixed = lockstep.fixed_network(params, "target")
     assert [id(t) for t in fixed] == [id(t) for t in model.target.parameters()]
+
+
+def test_one_scripted_env_under_gymnasiums_vector_env_gives_the_pools_data():
+    """ppo_continuous_action.py wraps each env (gymnasium.make, then its normalisation wrappers) before gymnasium's own
+    SyncVectorEnv steps them: one env of the pool as a gymnasium.Env gives what the pool gives ours, and its bounds."""
+    import gymnasium
+
+    spec, pools = lockstep.PAIRS["ppo-continuous"][3], []
+    real = envpool.make_spec("Hopper-v4")
+    envs = gymnasium.vector.SyncVectorEnv([lambda: lockstep.single_env(spec, pools)])
+    pool = lockstep.ScriptedPool(spec, 1, "gymnasium")
+    assert envs.single_observation_space.shape == real.observation_space.shape
+    assert envs.single_action_space == pool.single_action_space and pool.single_action_space.shape == real.action_space.shape
+    np.testing.assert_array_equal(envs.reset(seed=1)[0], pool.reset()[0])
+    for _ in range(3):
+        obs, reward, term, trunc, _ = envs.step(np.zeros((1, 3), dtype=np.float32))
+        mine = pool.step(np.zeros((1, 3)))
+        np.testing.assert_array_equal(obs, mine[0])
+        np.testing.assert_array_equal(reward, mine[1])
+    assert pools[-1].step_count == 3  # the pool whose step the scripted Gaussian actions follow

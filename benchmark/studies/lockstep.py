@@ -97,6 +97,21 @@ PAIRS = {
         {"network": "trunk", "encoder": "trunk", "lstm": "memory", "memory": "memory", "actor": "actor", "critic": "critic"},
         ("truncation", "reset-step", "memory-reset"),
     ),
+    "ppo-continuous": (
+        "ppo.py Hopper-v4 (mujoco preset) --norm-obs --norm-reward against ppo_continuous_action.py, 1 env x 64 steps, 2 "
+        "iterations of 2 epochs of 2 minibatches",
+        "ppo.py --env-id Hopper-v4 --num-steps 64 --num-minibatches 2 --update-epochs 2 --total-timesteps 128".split()
+        + "--norm-obs --norm-reward --no-cuda".split(),
+        [
+            "cleanrl/ppo_continuous_action.py",
+            *"--env-id Hopper-v4 --num-steps 64 --num-minibatches 2 --update-epochs 2 --total-timesteps 128".split(),
+            "--no-cuda",
+        ],
+        # single_envs: CleanRL normalises inside each env (gymnasium's wrappers), under gymnasium's SyncVectorEnv
+        dict(obs_shape=(11,), action_dim=3, single_envs=True),
+        {"actor": "actor", "actor_mean": "actor", "actor_logstd": "actor", "critic": "critic"},
+        None,
+    ),
     "dqn-classic": (
         "dqn.py CartPole-v1 (classic preset) against dqn.py, 1 env, 500 gradient steps after 1,000 learning-starts steps",
         ["dqn.py", "--env-id", "CartPole-v1", "--total-timesteps", "6005", "--learning-starts", "1000", "--no-cuda"],
@@ -372,6 +387,27 @@ class ScriptedPool:
 
     def close(self):
         pass
+
+
+def single_env(spec: dict, pools: list):
+    """One env of a pool as a gymnasium.Env, for CleanRL's files that wrap each env (ppo_continuous_action.py's
+    normalisation wrappers) before gymnasium's own SyncVectorEnv steps them."""
+    import gymnasium
+
+    pool = ScriptedPool(spec, 1, "gymnasium")
+    pools.append(pool)
+
+    class ScriptedEnv(gymnasium.Env):
+        observation_space, action_space = pool.single_observation_space, pool.single_action_space
+
+        def reset(self, seed=None, options=None):
+            return pool.reset()[0][0], {}
+
+        def step(self, action):
+            obs, reward, term, trunc, _ = pool.step(np.asarray(action)[None])
+            return obs[0], float(reward[0]), bool(term[0]), bool(trunc[0]), {}
+
+    return ScriptedEnv()
 
 
 def old_gym_pool(pool: ScriptedPool):
@@ -726,7 +762,10 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         return pools[-1]
 
     gymnasium.make_vec = make_vec
-    gymnasium.vector.SyncVectorEnv = lambda thunks, **kwargs: make_vec("", len(thunks))  # CleanRL's ppo.py
+    if spec.get("single_envs"):  # CleanRL's gymnasium.make per env, its wrappers and vector env as they are
+        gymnasium.make = lambda env_id, **kwargs: single_env(spec, pools)
+    else:  # CleanRL's ppo.py: its vector env of CartPoles, the pool
+        gymnasium.vector.SyncVectorEnv = lambda thunks, **kwargs: make_vec("", len(thunks))
     counts = {"perm": 0}
 
     def sample(dist, sample_shape=()):  # the actions of the pool's next step: a throwaway pass (ours reckons its
@@ -734,6 +773,10 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         return scripted_actions(step, dist.batch_shape, spec["num_actions"])
 
     torch.distributions.Categorical.sample = sample
+    # Gaussian policies (both sides' Normal, ours' inside an Independent): scripted actions within the bounds
+    torch.distributions.Normal.sample = lambda dist, sample_shape=(): torch.from_numpy(
+        scripted_uniform(pools[-1].step_count + 1 if pools else 0, tuple(dist.batch_shape))
+    ).to(dist.mean.device)
 
     def shuffle(x):  # CleanRL: np.random.shuffle(b_inds), the indices 0..n-1 in some order, once per epoch
         counts["perm"] += 1
@@ -757,7 +800,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
             return u
 
         torch.rand = first_part
-    if "action_dim" in spec:  # TD3: scripted random actions, replay samples and smoothing noise
+    if "action_dim" in spec and not spec.get("single_envs"):  # TD3: scripted random actions, replays, smoothing noise
         install_td3_draws(spec, pools, counts, flag_value(flags, "--learning-starts"), spec["batch_size"])
     # per optimiser, in the order they are made: its tensors' (role, shape), layers, initial values; each step: (the
     # optimiser's number, its parameters, Adam's moments), all in the reference's layout (ours is it, or a permutation)
@@ -1085,7 +1128,9 @@ def main(argv: list[str] | None = None) -> int:
             "as ours in the same way. The second scenario is built for ppo.py's pairs only: the replay files' "
             "CleanRL counterparts read gymnasium 0.29's same-step autoreset (the final observation in the step's "
             "info), which the scripted env's next-step autoreset does not stand in for, and procgen resets an ended "
-            "env within the step too. "
+            "env within the step too. Nor for ppo_continuous_action.py: it normalises inside each env with gymnasium's "
+            "wrappers, whose running return restarts at a termination but not at a truncation and never sees the "
+            "reset step, two more departures at an episode's end not yet named to the harness. "
             "ppg_procgen.py departs from CleanRL's file even without episode ends (its auxiliary phase's own Adam, "
             "no leftover policy gradient in that phase's first step, the advantages' population std: "
             "[docs/ppg_procgen.md](../../docs/ppg_procgen.md)); its pair is run as the second scenario is, each "
