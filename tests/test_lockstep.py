@@ -247,3 +247,20 @@ def test_one_scripted_env_under_gymnasiums_vector_env_gives_the_pools_data():
         np.testing.assert_array_equal(obs, mine[0])
         np.testing.assert_array_equal(reward, mine[1])
     assert pools[-1].step_count == 3  # the pool whose step the scripted Gaussian actions follow
+
+
+def test_the_ith_scripted_env_made_shows_row_i_of_the_pool_as_sb3s_vector_env_steps_them():
+    """Stable-Baselines3's A2C steps a DummyVecEnv of gymnasium.make's envs; ours steps one pool of 8: env i made is
+    row i of that pool, so both sides see 8 different streams, the same ones."""
+    import gymnasium
+
+    spec, pools = lockstep.PAIRS["a2c"][3], []
+    envs = gymnasium.vector.SyncVectorEnv([lambda: lockstep.single_env(spec, pools) for _ in range(spec["envs"])])
+    pool = lockstep.ScriptedPool(spec, spec["envs"], "gymnasium")
+    first = envs.reset()[0]
+    np.testing.assert_array_equal(first, pool.reset()[0])
+    assert len(np.unique(first, axis=0)) == spec["envs"]
+    obs, reward = envs.step(np.zeros(spec["envs"], dtype=np.int64))[:2]
+    mine = pool.step(np.zeros(spec["envs"]))
+    np.testing.assert_array_equal(obs, mine[0])
+    np.testing.assert_array_equal(reward, mine[1])

@@ -1,5 +1,5 @@
 """One of this project's files and its CleanRL counterpart, run on the same data, from the same weights, with the same
-draws, on the CPU in float32: every parameter and Adam's moments compared after every optimiser step.
+draws, on the CPU in float32: every parameter and the optimiser's moments compared after every optimiser step.
 
     python benchmark/studies/lockstep.py                         # every pair; CleanRL's files fetched at CLEANRL_COMMIT
     python benchmark/studies/lockstep.py --cleanrl PATH          # a clone of vwxyzjn/cleanrl (read with git show)
@@ -10,9 +10,10 @@ the same band. Here both sides step a scripted env (the same observations and re
 for envpool behind each side's own API), take their actions from a fixed sequence that neither policy chooses (so a
 near tie between two actions cannot split the runs), shuffle their minibatches with the same permutations, and start
 from the reference's initial weights, copied into ours by position once their names' roles and shapes are checked.
-What is compared is the update's maths: after every optimiser step, each parameter and each of Adam's moments must be
-within float32 rounding of the reference's (max |ours - reference| <= 1e-5 x (1 + the reference tensor's largest
-magnitude)); so must each minibatch's loss. CleanRL's file runs unchanged but for the ports cleanrl_speed.py lists.
+What is compared is the update's maths: after every optimiser step, each parameter and each of the optimiser's
+moments (Adam's two, RMSprop's mean square) must be within float32 rounding of the reference's (max |ours - reference|
+<= 1e-5 x (1 + the reference tensor's largest magnitude)); so must each minibatch's loss. CleanRL's file runs
+unchanged but for the ports cleanrl_speed.py lists.
 
 The replay pairs (DQN, DDPG, TD3) explore with scripted actions (DQN: the coin always explores; DDPG and TD3: scripted
 uniform actions before learning starts) and draw every replay sample's indices from one script, among the transitions
@@ -42,12 +43,14 @@ replay pairs have no second scenario: CleanRL's replay files read gymnasium 0.29
 observation in the step's info), which this next-step scripted env does not stand in for.
 
 Each side runs in a child process of this script (`--side`), which installs the stand-ins and records what it
-compares; this process compares the two records. Its Atari file needs gym 0.23 on the path (--deps, as
-cleanrl_speed.py's). Prints one line per pair and `N of M pairs match`; exits 0 only when every pair matches. The
-reference side writes each step's tensors to a file of its own as it takes the step, and ours' side maps each file
-from disk as it reaches that step and compares at once, keeping only the verdict: neither holds the steps in memory,
-which for the Atari DQN pair are about 10 GB (500 steps of the Nature CNN and Adam's two moments; as much temporary
-disk). All pairs: about 7 minutes on 2 quiet cores.
+compares; this process compares the two records. CleanRL's Atari files need gym 0.23 on the path, and the A2C pair
+Stable-Baselines3 (a2c.py has no CleanRL counterpart; SB3's A2C is the reference its docs page reproduces), both in
+--deps: `pip install --target /tmp/cleanrl_deps --no-deps gym==0.23.1 gym_notices stable-baselines3==2.4.1
+cloudpickle pandas python-dateutil tzdata`. Prints one line per pair and `N of M pairs match`; exits 0 only when
+every pair matches. The reference side writes each step's tensors to a file of its own as it takes the step, and
+ours' side maps each file from disk as it reaches that step and compares at once, keeping only the verdict: neither
+holds the steps in memory, which for the Atari DQN pair are about 10 GB (500 steps of the Nature CNN and Adam's two
+moments; as much temporary disk). All pairs: about 7 minutes on 2 quiet cores.
 """
 
 import argparse
@@ -69,6 +72,8 @@ from cleanrl_speed import CLEANRL_COMMIT, write_ported  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5  # of (1 + the reference tensor's largest magnitude): float32 rounding over a few dozen Adam steps
+OPTIMISERS = {torch.optim.Adam: "Adam", torch.optim.RMSprop: "RMSprop"}  # each optimiser's state compared, by its name
+MOMENTS = {"Adam": ("exp_avg", "exp_avg_sq"), "RMSprop": ("square_avg",)}
 
 # (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules, ours'
 # deliberate differences at an episode's end: DIFFERENCES, or None where scenario 2 is not built)
@@ -111,6 +116,23 @@ PAIRS = {
         dict(obs_shape=(11,), action_dim=3, single_envs=True),
         {"actor": "actor", "actor_mean": "actor", "actor_logstd": "actor", "critic": "critic"},
         None,
+    ),
+    "a2c": (
+        "a2c.py CartPole-v1 (classic preset: SB3's defaults) against Stable-Baselines3's A2C (its defaults, as "
+        "rl-baselines3-zoo's CartPole-v1 entry: 8 envs), 8 envs x 5 steps, 4 iterations of one RMSprop step",
+        "a2c.py --env-id CartPole-v1 --num-envs 8 --total-timesteps 160 --no-cuda".split(),
+        ["sb3:a2c", *"--env-id CartPole-v1 --num-envs 8 --total-timesteps 160".split()],  # SB3_A2C, written by the study
+        # single_envs: SB3's DummyVecEnv of gymnasium.make's envs, each env one row of the pool ours steps
+        dict(obs_shape=(4,), num_actions=2, single_envs=True, envs=8),
+        {
+            "actor": "actor",
+            "critic": "critic",
+            "mlp_extractor.policy_net": "actor",
+            "action_net": "actor",
+            "mlp_extractor.value_net": "critic",
+            "value_net": "critic",
+        },  # fmt: skip
+        None,  # scenario 2 not built: SB3's vector env resets an ended env within the step
     ),
     "dqn-classic": (
         "dqn.py CartPole-v1 (classic preset) against dqn.py, 1 env, 500 gradient steps after 1,000 learning-starts steps",
@@ -238,6 +260,22 @@ PAIRS = {
         None,  # scenario 2 not built
     ),
 }
+# Stable-Baselines3's A2C has no script of its own: this one runs it with its defaults (rl-baselines3-zoo's CartPole-v1
+# entry adds 8 envs), on envs made by gymnasium.make, as a user's script would
+SB3_A2C = """import argparse
+
+import gymnasium
+from stable_baselines3 import A2C
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+p = argparse.ArgumentParser()
+p.add_argument("--env-id", default="CartPole-v1")
+p.add_argument("--num-envs", type=int, default=8)
+p.add_argument("--total-timesteps", type=int, default=160)
+args = p.parse_args()
+envs = DummyVecEnv([lambda: gymnasium.make(args.env_id) for _ in range(args.num_envs)])
+A2C("MlpPolicy", envs, device="cpu", seed=1).learn(total_timesteps=args.total_timesteps)
+"""
 # Where ours departs from CleanRL on purpose, at an episode's end (docs/ppo.md, "Departures from CleanRL", with the
 # sources): each made CleanRL's way by make_same, so that scenario 2 can show it is the only difference
 DIFFERENCES = {
@@ -390,22 +428,25 @@ class ScriptedPool:
 
 
 def single_env(spec: dict, pools: list):
-    """One env of a pool as a gymnasium.Env, for CleanRL's files that wrap each env (ppo_continuous_action.py's
-    normalisation wrappers) before gymnasium's own SyncVectorEnv steps them."""
+    """One env of a pool as a gymnasium.Env, for the references that wrap each env (ppo_continuous_action.py's
+    normalisation wrappers) before a vector env steps them (gymnasium's SyncVectorEnv, SB3's DummyVecEnv): the i-th
+    env made shows row i of a pool of spec["envs"] (default 1), as ours' pool does."""
     import gymnasium
 
-    pool = ScriptedPool(spec, 1, "gymnasium")
+    row = sum(hasattr(pool, "row") for pool in pools)  # the envs made before this one
+    pool = ScriptedPool(spec, spec.get("envs", 1), "gymnasium")
+    pool.row = row
     pools.append(pool)
 
     class ScriptedEnv(gymnasium.Env):
         observation_space, action_space = pool.single_observation_space, pool.single_action_space
 
         def reset(self, seed=None, options=None):
-            return pool.reset()[0][0], {}
+            return pool.reset()[0][row], {}
 
         def step(self, action):
-            obs, reward, term, trunc, _ = pool.step(np.asarray(action)[None])
-            return obs[0], float(reward[0]), bool(term[0]), bool(trunc[0]), {}
+            obs, reward, term, trunc, _ = pool.step(np.repeat(np.asarray(action)[None], pool.num_envs, axis=0))
+            return obs[row], float(reward[row]), bool(term[row]), bool(trunc[row]), {}
 
     return ScriptedEnv()
 
@@ -479,7 +520,7 @@ def optimised_module(params: list, roles: dict) -> tuple[tuple[str, ...], torch.
                 names = [name for name, _ in first.named_parameters()]
                 names += [f"{named[0][0]}.{name}" for name, _ in named[0][1].named_parameters()]
                 found.append((tuple(names), first))
-    return max(found, key=lambda f: sum(name.split(".")[0] in roles for name in f[0]), default=None)
+    return max(found, key=lambda f: sum(role_of(name, roles) != "?" for name in f[0]), default=None)
 
 
 def fixed_network(params: list, name: str) -> list[torch.Tensor]:
@@ -494,6 +535,12 @@ def fixed_network(params: list, name: str) -> list[torch.Tensor]:
             if others and all(id(p) in ids for c in others for p in c.parameters()):
                 return list(getattr(obj, name).parameters())
     raise SystemExit(f"lockstep.py: error: no module holds a {name} network beside the optimised one")
+
+
+def role_of(name: str, roles: dict) -> str:
+    """A parameter's role: that of the longest of `roles`' module names it lies under ("?" when none)."""
+    under = [key for key in roles if name == key or name.startswith(key + ".")]
+    return roles[max(under, key=len)] if under else "?"
 
 
 def target_copies(module: torch.nn.Module | None) -> list[torch.nn.Module]:
@@ -737,7 +784,7 @@ def install_replay_draws(spec: dict, pools: list, counts: dict, below: int) -> N
 def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None, ends: bool = False,
              same: list[str] = ()) -> None:  # fmt: skip
     """Runs `script` (as __main__, with flags) with the stand-ins; writes to `record` the optimised parameters' names,
-    their initial values and, after every optimiser step, the parameters and Adam's moments (the reference: to a file
+    their initial values and, after every optimiser step, the parameters and the optimiser's moments (the reference: to a file
     of the step's own beside `record`; ours: its verdict against the reference's) and the minibatch's loss.
     With `start` (the reference's record), the parameters are set to its initial values before the first step. With
     `ends`, episodes end (scripted_ends); `same` (ours only) makes those DIFFERENCES CleanRL's (make_same)."""
@@ -762,7 +809,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         return pools[-1]
 
     gymnasium.make_vec = make_vec
-    if spec.get("single_envs"):  # CleanRL's gymnasium.make per env, its wrappers and vector env as they are
+    if spec.get("single_envs") and side == "reference":  # gymnasium.make per env, the wrappers and vector env as they are
         gymnasium.make = lambda env_id, **kwargs: single_env(spec, pools)
     else:  # CleanRL's ppo.py: its vector env of CartPoles, the pool
         gymnasium.vector.SyncVectorEnv = lambda thunks, **kwargs: make_vec("", len(thunks))
@@ -803,18 +850,19 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     if "action_dim" in spec and not spec.get("single_envs"):  # TD3: scripted random actions, replays, smoothing noise
         install_td3_draws(spec, pools, counts, flag_value(flags, "--learning-starts"), spec["batch_size"])
     # per optimiser, in the order they are made: its tensors' (role, shape), layers, initial values; each step: (the
-    # optimiser's number, its parameters, Adam's moments), all in the reference's layout (ours is it, or a permutation)
-    out = {"names": [], "layers": [], "initial": [], "steps": [], "losses": []}
+    # optimiser's number, its parameters, its moments), all in the reference's layout (ours is it, or a permutation)
+    out = {"names": [], "layers": [], "moments": [], "initial": [], "steps": [], "losses": []}
     if start is not None:
         out["checked"] = []  # ours: each step's verdict against the reference's (compare_step), in place of its tensors
     # each of the reference's steps mapped from disk as ours reaches it, not read in: the Atari DQN pair's are about
     # 10 GB (500 steps of the Nature CNN and Adam)
     reference = torch.load(start, weights_only=True, mmap=True) if start is not None else None
-    adam_init, optimisers, layouts = torch.optim.Adam.__init__, [], []  # layouts: tensors in the optimiser's order -> ours'
+    optimisers, layouts = [], []  # layouts: tensors in the optimiser's order -> ours'
     numbers = []  # the reference's optimiser each stands for: its own position, or an earlier one's over the same tensors
 
     def init(optimizer, params, *args, **kwargs):
-        params, k = list(params), len(optimisers)
+        cls = next(cls for cls in OPTIMISERS if isinstance(optimizer, cls))
+        params, k, kind = list(params), len(optimisers), OPTIMISERS[cls]
         found = optimised_module(params, roles)
         critics = found is None or type(found[1]).__name__ == "QNetwork"  # CleanRL's critics, one or two
         if critics and spec.get("layout") == "critics" and side == "reference":
@@ -823,7 +871,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         elif found is None:
             raise SystemExit("lockstep.py: error: no module holds exactly the optimiser's parameters")
         else:
-            (names, module), kinds = found, [roles.get(name.split(".")[0], "?") for name in found[0]]
+            (names, module), kinds = found, [role_of(name, roles) for name in found[0]]
             order = sorted(range(len(params)), key=lambda i: (ROLES + ("?",)).index(kinds[i]))
             names, kinds = [names[i] for i in order], [kinds[i] for i in order]
             layout = lambda tensors, order=order: [tensors[i] for i in order]  # noqa: E731  by role (ROLES)
@@ -831,6 +879,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         layouts.append(layout)
         out["names"].append([(kind, tuple(t.shape)) for kind, t in zip(kinds, layout(params), strict=True)])
         out["layers"].append(layer_ids(names))
+        out["moments"].append((kind, MOMENTS[kind]))
         numbers.append(k)
         if start is not None:
             if k >= len(reference["names"]) or out["names"][k] != reference["names"][k]:
@@ -865,17 +914,20 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
                 with torch.no_grad():
                     for t, value in zip(fixed, reference["fixed"], strict=True):
                         t.copy_(value)
-        adam_init(optimizer, params, *args, **kwargs)
+        inits[cls](optimizer, params, *args, **kwargs)
 
-    torch.optim.Adam.__init__ = init
+    inits = {cls: cls.__init__ for cls in OPTIMISERS}
+    for cls in OPTIMISERS:
+        cls.__init__ = init
 
     def after_step(optimizer, args, kwargs):
         i = next(i for i, o in enumerate(optimisers) if o is optimizer)
         params, k, layout = [p for group in optimizer.param_groups for p in group["params"]], numbers[i], layouts[i]
         # a tensor no loss has reached yet (PPG's auxiliary head in the policy phase) has no moments: zeros
-        state = [optimizer.state[p] or dict(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)) for p in params]
-        moments = [layout([s[m] for s in state]) for m in ("exp_avg", "exp_avg_sq")]
-        moments = [m for pair in zip(*moments, strict=True) for m in pair]  # each tensor's two, side by side
+        keys = MOMENTS[out["moments"][i][0]]
+        state = [optimizer.state[p] or {m: torch.zeros_like(p) for m in keys} for p in params]
+        moments = [layout([s[m] for s in state]) for m in keys]
+        moments = [m for each in zip(*moments, strict=True) for m in each]  # each tensor's, side by side
         mine = (k, [p.detach().clone() for p in layout(params)], [m.clone() for m in moments])
         out["losses"].append(sum(pending))  # the step's loss: the sum of the backward passes since the last step
         pending.clear()
@@ -965,10 +1017,11 @@ def compare_step(k: int, mine: tuple, theirs: tuple, reference: dict) -> tuple[f
     if mine[0] != theirs[0]:
         return 0.0, False, f"DIFFERS at step {k}: optimiser {mine[0] + 1} stepped, the reference's {theirs[0] + 1}"
     names = [f"{role} {i} {shape}" for i, (role, shape) in enumerate(reference["names"][theirs[0]])]
-    names += [f"{n}: Adam's {m}" for n in names for m in ("exp_avg", "exp_avg_sq")]
-    layers = reference["layers"][theirs[0]]  # a weight and its bias: one layer; then their moments, two each
+    kind, keys = reference.get("moments", [("Adam", MOMENTS["Adam"])] * (theirs[0] + 1))[theirs[0]]
+    names += [f"{n}: {kind}'s {m}" for n in names for m in keys]
+    layers = reference["layers"][theirs[0]]  # a weight and its bias: one layer; then their moments, each tensor's
     role = {layer: r for layer, (r, _) in zip(layers, reference["names"][theirs[0]], strict=True)}
-    layers = layers + [layer for layer in layers for _ in range(2)]
+    layers = layers + [layer for layer in layers for _ in keys]
     units, sizes = [], {}  # (layer, unit, name, difference over the tolerance's scale) of every unit; units a layer
     for layer, name, a, b in zip(layers, names, [*mine[1], *mine[2]], [*theirs[1], *theirs[2]], strict=True):
         rows = (a - b).transpose(1, 2).flatten(0, 1) if a.dim() == 3 else (a - b)  # stacked critics: (critic, out)
@@ -1008,7 +1061,11 @@ def pair_line(pair: str, ours: Path, reference: Path) -> str:
 
 
 def write_reference(path: str, tree: Path, clone: str | None) -> Path:
-    """CleanRL's file under tree (ported), with the helpers of cleanrl_utils that its scripts import."""
+    """CleanRL's file under tree (ported), with the helpers of cleanrl_utils that its scripts import; or ("sb3:a2c")
+    the script that runs Stable-Baselines3's A2C."""
+    if path == "sb3:a2c":
+        (tree / "sb3_a2c.py").write_text(SB3_A2C)
+        return tree / "sb3_a2c.py"
     cache = Path.home() / ".cache" / "cleanrl_speed"
     for helper in ("cleanrl_utils/atari_wrappers.py", "cleanrl_utils/buffers.py"):
         write_ported(helper, tree, clone, cache)
@@ -1114,7 +1171,8 @@ def main(argv: list[str] | None = None) -> int:
             f"# Lockstep against CleanRL at {CLEANRL_COMMIT[:8]}\n\n"
             "Each pair: our file and CleanRL's on the same scripted data, from the same initial weights, with the same "
             "actions and minibatch orders, on the CPU in float32 ([benchmark/studies/lockstep.py](../studies/lockstep.py) "
-            "says how). After every optimiser step, every parameter and both of Adam's moments are compared with the "
+            "says how). After every optimiser step, every parameter and the optimiser's moments (Adam's two, RMSprop's "
+            "mean square) are compared with the "
             "reference's; the difference is the largest |ours - reference| over 1 + the reference tensor's largest "
             f"magnitude, and a match needs it within {TOLERANCE:g} (float32 rounding) and each minibatch's loss as close. "
             "Ours then goes on from the reference's values, so each step is judged on its own. A step where one unit "
