@@ -75,8 +75,24 @@ TOLERANCE = 1e-5  # of (1 + the reference tensor's largest magnitude): float32 r
 OPTIMISERS = {torch.optim.Adam: "Adam", torch.optim.RMSprop: "RMSprop"}  # each optimiser's state compared, by its name
 MOMENTS = {"Adam": ("exp_avg", "exp_avg_sq"), "RMSprop": ("square_avg",)}
 
+# Why a pair has no second scenario: the table's row for it
+NO_ENDS = {
+    "replay": "not driven: CleanRL's file reads gymnasium 0.29's same-step autoreset (the final observation in the step's "
+    "info); with ours' next-step autoreset an episode's end costs one more env step (the reset step), so from the first "
+    "end on the two files' step counters, replay slots and training schedules no longer fall on the same transitions",
+    "same-step": "not driven: SB3's vector env resets an ended env within the step (the final observation in the "
+    "step's info), and the scripted env's next-step autoreset does not stand in for it",
+    "procgen": "not driven: procgen resets an ended env within the step, envpool on the next one, so from the first end "
+    "on the two files' rollouts hold different steps",
+    "normalisers": "not driven: CleanRL normalises inside each env with gymnasium's wrappers, whose running return "
+    "restarts at a termination but not at a truncation and never sees the reset step: departures at an episode's end "
+    "that the harness does not yet make CleanRL's",
+    "rnd": "not driven: at an episode's end rnd_ppo.py departs from CleanRL's file in more places than ppo.py (the "
+    "extrinsic return's truncation bootstrap and reset-step mask, and the reset step left out of the intrinsic return, "
+    "its reward filter and its statistics), which the harness does not yet make CleanRL's",
+}
 # (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules, ours'
-# deliberate differences at an episode's end: DIFFERENCES, or None where scenario 2 is not built)
+# deliberate differences at an episode's end: DIFFERENCES, or why scenario 2 is not driven: NO_ENDS)
 PAIRS = {
     "ppo-atari": (
         "ppo.py Breakout-v5 (atari preset) against ppo_atari_envpool.py, 8 envs x 128 steps, 2 iterations",
@@ -115,7 +131,7 @@ PAIRS = {
         # single_envs: CleanRL normalises inside each env (gymnasium's wrappers), under gymnasium's SyncVectorEnv
         dict(obs_shape=(11,), action_dim=3, single_envs=True),
         {"actor": "actor", "actor_mean": "actor", "actor_logstd": "actor", "critic": "critic"},
-        None,
+        NO_ENDS["normalisers"],
     ),
     "a2c": (
         "a2c.py CartPole-v1 (classic preset: SB3's defaults) against Stable-Baselines3's A2C (its defaults, as "
@@ -132,7 +148,7 @@ PAIRS = {
             "mlp_extractor.value_net": "critic",
             "value_net": "critic",
         },  # fmt: skip
-        None,  # scenario 2 not built: SB3's vector env resets an ended env within the step
+        NO_ENDS["same-step"],
     ),
     "dqn-classic": (
         "dqn.py CartPole-v1 (classic preset) against dqn.py, 1 env, 500 gradient steps after 1,000 learning-starts steps",
@@ -140,7 +156,7 @@ PAIRS = {
         ["cleanrl/dqn.py", "--env-id", "CartPole-v1", "--total-timesteps", "6005", "--learning-starts", "1000", "--no-cuda"],
         dict(obs_shape=(4,), num_actions=2, replay=True),  # replay: scripted exploration and replay samples (run_side)
         {"network": "trunk"},
-        None,
+        NO_ENDS["replay"],
     ),
     "dqn-atari": (
         "dqn.py Breakout-v5 (atari preset) against dqn_atari.py, 1 env, 500 gradient steps after 1,000 learning-starts steps",
@@ -150,7 +166,7 @@ PAIRS = {
         # newest frame alone and restacks it)
         dict(obs_shape=(4, 84, 84), num_actions=4, lives=5, replay=True, stacked=True),
         {"network": "trunk"},
-        None,
+        NO_ENDS["replay"],
     ),
     "td3": (
         "ddpg_td3.py Hopper-v4 (mujoco preset) against td3_continuous_action.py, 1 env, 500 critic and 250 actor steps "
@@ -166,7 +182,7 @@ PAIRS = {
         # critics: CleanRL's qf1 and qf2 under one optimiser, laid out as ours' batched Critics (as_critics)
         dict(obs_shape=(11,), action_dim=3, batch_size=256, layout="critics"),
         {"network": "actor", "fc1": "actor", "fc2": "actor", "fc_mu": "actor", "weights": "critic", "biases": "critic"},
-        None,
+        NO_ENDS["replay"],
     ),
     "ddpg": (
         "ddpg_td3.py --algo ddpg Hopper-v4 (mujoco preset) against ddpg_continuous_action.py, 1 env, 500 critic and 250 "
@@ -182,7 +198,7 @@ PAIRS = {
         ],  # fmt: skip
         dict(obs_shape=(11,), action_dim=3, batch_size=256, layout="critics"),  # one critic, laid out as ours' Critics
         {"network": "actor", "fc1": "actor", "fc2": "actor", "fc_mu": "actor", "weights": "critic", "biases": "critic"},
-        None,
+        NO_ENDS["replay"],
     ),
     "ppg": (
         "ppg_procgen.py StarpilotEasy-v0 --arch detach against ppg_procgen.py, 4 envs x 32 steps, a whole phase: 2 policy "
@@ -209,7 +225,7 @@ PAIRS = {
             stop_early=True,
         ),  # fmt: skip
         {"network": "trunk", "policy_net": "trunk", "actor": "actor", "critic": "critic", "aux_critic": "aux"},
-        None,  # scenario 2 not built: procgen resets an ended env within the step, envpool on the next one
+        NO_ENDS["procgen"],
     ),
     "rnd": (
         "rnd_ppo.py Breakout-v5 against ppo_rnd_envpool.py, 4 envs x 32 steps, 2 iterations of 2 epochs of 2 minibatches, "
@@ -257,7 +273,7 @@ PAIRS = {
             "critic_int": "critic",
             "predictor": "predictor",
         },  # fmt: skip
-        None,  # scenario 2 not built
+        NO_ENDS["rnd"],
     ),
 }
 # Stable-Baselines3's A2C has no script of its own: this one runs it with its defaults (rl-baselines3-zoo's CartPole-v1
@@ -1156,7 +1172,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = Path(args.keep or tmp)
         tree.mkdir(parents=True, exist_ok=True)
         for pair in args.only or list(PAIRS):
-            for scenario in [k for k in args.scenarios if k == 1 or PAIRS[pair][5]]:  # scenario 2 where it is built
+            for scenario in [k for k in args.scenarios if k == 1 or isinstance(PAIRS[pair][5], tuple)]:
                 start = time.time()
                 where = (tree, args.cleanrl, args.deps, Path(args.ours))
                 line = run_pair(pair, *where) if scenario == 1 else run_departures(pair, *where, True, PAIRS[pair][5])
@@ -1167,6 +1183,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         scenarios = {1: "no episode ends", 2: "episodes end"}
         rows = "\n".join(f"| {PAIRS[pair][0]} | {scenarios[k]} | {line.split(': ', 1)[1]} |" for pair, k, line in lines)
+        if 2 in args.scenarios:  # the pairs without a second scenario, with why
+            ran = dict.fromkeys(pair for pair, _, _ in lines)
+            rows += "".join(
+                f"\n| {PAIRS[p][0]} | {scenarios[2]} | {PAIRS[p][5]} |" for p in ran if isinstance(PAIRS[p][5], str)
+            )
         Path(args.out).write_text(
             f"# Lockstep against CleanRL at {CLEANRL_COMMIT[:8]}\n\n"
             "Each pair: our file and CleanRL's on the same scripted data, from the same initial weights, with the same "
@@ -1183,18 +1204,14 @@ def main(argv: list[str] | None = None) -> int:
             "masking out the reset step ([docs/ppo.md](../../docs/ppo.md), with the sources). With both departures made "
             "CleanRL's way the pair must match, and with each left as ours it must differ: each is real, and they are "
             "the only differences; with memory (ppo-lstm) a third, where the memory is zeroed, is made CleanRL's and left "
-            "as ours in the same way. The second scenario is built for ppo.py's pairs only: the replay files' "
-            "CleanRL counterparts read gymnasium 0.29's same-step autoreset (the final observation in the step's "
-            "info), which the scripted env's next-step autoreset does not stand in for, and procgen resets an ended "
-            "env within the step too. Nor for ppo_continuous_action.py: it normalises inside each env with gymnasium's "
-            "wrappers, whose running return restarts at a termination but not at a truncation and never sees the "
-            "reset step, two more departures at an episode's end not yet named to the harness. "
+            "as ours in the same way. Where a pair has no second scenario, its row says why. "
             "ppg_procgen.py departs from CleanRL's file even without episode ends (its auxiliary phase's own Adam, "
             "no leftover policy gradient in that phase's first step, the advantages' population std: "
             "[docs/ppg_procgen.md](../../docs/ppg_procgen.md)); its pair is run as the second scenario is, each "
             "departure made CleanRL's for the match and left as ours alone for a difference. So is the RND pair, for "
             "the seven details where rnd_ppo.py follows openai/random-network-distillation "
-            "([docs/rnd_ppo.md](../../docs/rnd_ppo.md), detail 10).\n\n"
+            "([docs/rnd_ppo.md](../../docs/rnd_ppo.md), detail 10). a2c.py has no CleanRL counterpart: its reference is "
+            "Stable-Baselines3's A2C (2.4.1), run with its defaults by a script the study writes.\n\n"
             f"    python benchmark/studies/lockstep.py{' --only ' + ' '.join(args.only) if args.only else ''}\n\n"
             f"| pair | scenario | result |\n|---|---|---|\n{rows}\n\n{matched} of {len(lines)} pairs match.\n"
         )
