@@ -87,9 +87,6 @@ NO_ENDS = {
     "normalisers": "not driven: CleanRL normalises inside each env with gymnasium's wrappers, whose running return "
     "restarts at a termination but not at a truncation and never sees the reset step: departures at an episode's end "
     "that the harness does not yet make CleanRL's",
-    "rnd": "not driven: at an episode's end rnd_ppo.py departs from CleanRL's file in more places than ppo.py (the "
-    "extrinsic return's truncation bootstrap and reset-step mask, and the reset step left out of the intrinsic return, "
-    "its reward filter and its statistics), which the harness does not yet make CleanRL's",
 }
 # (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules, ours'
 # deliberate differences at an episode's end: DIFFERENCES, or why scenario 2 is not driven: NO_ENDS)
@@ -273,7 +270,7 @@ PAIRS = {
             "critic_int": "critic",
             "predictor": "predictor",
         },  # fmt: skip
-        NO_ENDS["rnd"],
+        ("truncation", "reset-step"),  # with the seven above made CleanRL's
     ),
 }
 # Stable-Baselines3's A2C has no script of its own: this one runs it with its defaults (rl-baselines3-zoo's CartPole-v1
@@ -1110,7 +1107,8 @@ def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Pa
     """The reference, then ours with every one of `differences` made CleanRL's (which must match) and with each left as
     ours in turn (which must not: each difference is real and the data exercises it). Scenario 2 (ends: episodes end)
     with DIFFERENCES at an episode's end; scenario 1 of a pair whose files differ without them (PPG)."""
-    _, our_cmd, cleanrl, _, _, _ = PAIRS[pair]
+    _, our_cmd, cleanrl, spec, _, _ = PAIRS[pair]
+    always = list(spec.get("departures", ())) if ends else []  # with ends: scenario 1's departures made CleanRL's too
     where, label = ("ends", " with episode ends") if ends else ("phase", "")
     reference = tree / f"{pair}_{where}_reference.pt"
     script = write_reference(cleanrl[0], tree, clone)
@@ -1119,7 +1117,7 @@ def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Pa
     results = {}
     for left in (None, *differences):  # None: all made CleanRL's; else that one left as ours
         record = tree / f"{pair}_{where}_ours_{left or 'none'}.pt"
-        same = [d for d in differences if d != left]
+        same = always + [d for d in differences if d != left]
         failed = side_process("ours", pair, ours / our_cmd[0], our_cmd[1:], record, reference, deps, ends, same)
         if failed and left and "the networks differ" in failed:  # a difference of shape: refused before any step
             results[left] = (float("nan"), 0, 0, "DIFFERS before the first step: " + failed.split(": ", 3)[-1])
