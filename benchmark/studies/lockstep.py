@@ -1126,6 +1126,7 @@ def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Pa
             return f"{pair}{label}: ours failed: {failed}"
         results[left] = compare(*(torch.load(r, weights_only=True, mmap=True) for r in (record, reference)))
     named = ", ".join(DIFFERENCES[d] for d in differences[:-1]) + f" and {DIFFERENCES[differences[-1]]}"
+    named = f"{named} (beside the {len(always)} details of the first scenario)" if always else named
     worst, steps, kinks, mismatch = results[None]
     if mismatch:
         return f"{pair}{label}, {named} made CleanRL's: {mismatch}"
