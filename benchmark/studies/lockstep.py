@@ -50,7 +50,7 @@ cloudpickle pandas python-dateutil tzdata`. Prints one line per pair and `N of M
 every pair matches. The reference side writes each step's tensors to a file of its own as it takes the step, and
 ours' side maps each file from disk as it reaches that step and compares at once, keeping only the verdict: neither
 holds the steps in memory, which for the Atari DQN pair are about 10 GB (500 steps of the Nature CNN and Adam's two
-moments; as much temporary disk). All pairs: about 7 minutes on 2 quiet cores.
+moments; as much temporary disk). All pairs: about 10 minutes on 2 cores with another run beside them.
 """
 
 import argparse
