@@ -84,9 +84,6 @@ NO_ENDS = {
     "step's info), and the scripted env's next-step autoreset does not stand in for it",
     "procgen": "not driven: procgen resets an ended env within the step, envpool on the next one, so from the first end "
     "on the two files' rollouts hold different steps",
-    "normalisers": "not driven: CleanRL normalises inside each env with gymnasium's wrappers, whose running return "
-    "restarts at a termination but not at a truncation and never sees the reset step: departures at an episode's end "
-    "that the harness does not yet make CleanRL's",
 }
 # (title, our file and flags, CleanRL's file and flags, the scripted env, the leading name of each role's modules, ours'
 # deliberate differences at an episode's end: DIFFERENCES, or why scenario 2 is not driven: NO_ENDS)
@@ -128,7 +125,7 @@ PAIRS = {
         # single_envs: CleanRL normalises inside each env (gymnasium's wrappers), under gymnasium's SyncVectorEnv
         dict(obs_shape=(11,), action_dim=3, single_envs=True),
         {"actor": "actor", "actor_mean": "actor", "actor_logstd": "actor", "critic": "critic"},
-        NO_ENDS["normalisers"],
+        ("truncation", "reset-step", "norm-restart", "norm-reset-step"),
     ),
     "a2c": (
         "a2c.py CartPole-v1 (classic preset: SB3's defaults) against Stable-Baselines3's A2C (its defaults, as "
@@ -295,6 +292,10 @@ DIFFERENCES = {
     "truncation": "truncation bootstrapping",  # ours bootstraps a truncated episode from V(final observation)
     "reset-step": "the reset step's mask",  # ours masks out the reset step of next-step autoreset
     "memory-reset": "where the memory is zeroed",  # ours at the next episode's first frame; CleanRL's at the reset step
+    # ppo.py --norm-reward against gymnasium's NormalizeReward inside each env (ppo_continuous_action.py)
+    "norm-restart": "where the scaled reward's running return restarts",  # ours after any end, from 0; gymnasium's at a
+    # termination, from that step's reward, and never at a truncation
+    "norm-reset-step": "the reset step in the reward statistics",  # ours counts it; gymnasium's wrapper never sees it
     # PPG, within a phase (docs/ppg_procgen.md): ours follows openai/phasic-policy-gradient
     "one-adam": "the auxiliary phase's own Adam",  # openai's: a second Adam; CleanRL's one Adam carries its moments over
     "stale-grad": "the policy gradient CleanRL's first auxiliary step adds",  # no zero_grad between its phases
@@ -310,7 +311,14 @@ DIFFERENCES = {
 }
 # ours' text where a difference is made CleanRL's by editing ours' file (its copy, in the side's process): (old, new,
 # how many times old occurs); the others are made CleanRL's on ours' functions (make_same)
+SCALE_REWARD_CALL = (  # ppo.py's reward scaling, also given the step's terminations and which envs took a real step
+    "scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)",
+    "scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma, term, next_valid)",
+    1,
+)
 TEXT_PATCHES = {
+    "norm-restart": [SCALE_REWARD_CALL],
+    "norm-reset-step": [SCALE_REWARD_CALL],
     "memory-reset": [("next_start = next_start, 1.0 - valid[step]", "next_start = next_start, dones[step]", 1)],
     "policy-conv": [("layer_init(nn.Conv2d(64, 64, 4, stride=1))", "layer_init(nn.Conv2d(64, 64, 3, stride=1))", 1)],
     "policy-residual": [
@@ -455,7 +463,10 @@ def single_env(spec: dict, pools: list):
         observation_space, action_space = pool.single_observation_space, pool.single_action_space
 
         def reset(self, seed=None, options=None):
-            return pool.reset()[0][row], {}
+            if pool.step_count == 0:
+                return pool.reset()[0][row], {}
+            # a vector env's autoreset, the step after an end: the pool's own reset step (reward 0, no end)
+            return pool.step(np.zeros((pool.num_envs, *pool.single_action_space.shape)))[0][row], {}
 
         def step(self, action):
             obs, reward, term, trunc, _ = pool.step(np.repeat(np.asarray(action)[None], pool.num_envs, axis=0))
@@ -591,11 +602,11 @@ def layer_ids(names: list[str]) -> list[int]:
 
 def patched(text: str, same: list[str]) -> str:
     """Ours' source with the TEXT_PATCHES of the differences in `same` made, each edit where it is expected."""
-    for difference in same:
-        for old, new, times in TEXT_PATCHES.get(difference, []):
-            if text.count(old) != times:
-                raise SystemExit(f"lockstep.py: error: ours no longer has {old!r} {times} time(s), to make {difference}")
-            text = text.replace(old, new)
+    edits = {edit: d for d in same for edit in TEXT_PATCHES.get(d, [])}  # an edit two differences need: made once
+    for (old, new, times), difference in edits.items():
+        if text.count(old) != times:
+            raise SystemExit(f"lockstep.py: error: ours no longer has {old!r} {times} time(s), to make {difference}")
+        text = text.replace(old, new)
     return text
 
 
@@ -615,6 +626,8 @@ def make_same(names: dict, same: list[str]) -> None:
         make_same_phases(names, same)
     if {"filter-axis", "reward-count"} & set(same):
         make_same_intrinsic(names, same)
+    if {"norm-restart", "norm-reset-step"} & set(same):
+        make_same_reward_scaling(names, same)
     if "compute_gae" not in names or not {"truncation", "reset-step"} & set(same):
         return
     gae = names["compute_gae"]
@@ -661,6 +674,24 @@ def make_same_phases(names: dict, same: list[str]) -> None:
         return dict(steps, policy_step=policy_step_kept, aux_chunk=aux_chunk_after)
 
     names["training_steps"] = steps_as_cleanrl
+
+
+def make_same_reward_scaling(names: dict, same: list[str]) -> None:
+    """ppo.py's --norm-reward as gymnasium 1.x's NormalizeReward wrapper inside each env does it: the running return
+    restarts at a termination, from that step's reward, and not at a truncation ("norm-restart"); the reset step of
+    the next-step autoreset, where the vector env calls reset, not step, is not seen at all ("norm-reset-step")."""
+
+    def scale_reward(reward, discounted_return, done, rms, gamma, term, valid, clip: float = 10.0):
+        restart = term if "norm-restart" in same else np.zeros_like(done)
+        running = discounted_return * gamma * (1.0 - restart) + reward
+        seen = valid if "norm-reset-step" in same else np.ones_like(valid)
+        running = np.where(seen, running, discounted_return)
+        if seen.any():
+            rms.update(running[seen][:, None])
+        scaled = np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip)
+        return scaled, running if "norm-restart" in same else np.where(done, 0.0, running)
+
+    names["scale_reward"] = scale_reward
 
 
 def make_same_intrinsic(names: dict, same: list[str]) -> None:
