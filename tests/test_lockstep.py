@@ -7,6 +7,7 @@ the PPG and RND pairs: procgen's frames as each side reads them, the edits and r
 departures CleanRL's, one optimiser over two modules, and RND's fixed target network."""
 
 import shutil
+import sys
 
 import envpool
 import numpy as np
@@ -144,7 +145,7 @@ def record(offsets: dict, roles=("trunk", "trunk"), outputs: int = 2) -> dict:
         tensors[2 * layer][unit] += offset
     moments = [torch.zeros(shape) for shape in shapes for _ in range(2)]
     names = [(roles[i // 2], shape) for i, shape in enumerate(shapes)]
-    return dict(names=[names], layers=[[0, 0, 1, 1]], steps=[(0, tensors, moments)], losses=[1.0])
+    return dict(names=[names], layers=[[0, 0, 1, 1]], optimisers=["Adam"], steps=[(0, tensors, moments)], losses=[1.0])
 
 
 def test_a_kink_may_reach_the_layers_beneath_its_unit_but_not_a_second_unit_of_its_own_layer():
@@ -182,7 +183,7 @@ def test_the_procgen_stand_ins_give_each_side_the_same_frames_in_its_own_layout(
     ours = lockstep.ScriptedPool(spec, 2, "gymnasium")
     assert ours.observation_space == real.observation_space and ours.action_space == real.action_space
     gym = types.SimpleNamespace(Env=object, spaces=gymnasium.spaces)  # gym 0.23's names, which CleanRL needs alone
-    monkeypatch.setitem(__import__("sys").modules, "gym", gym)
+    monkeypatch.setitem(sys.modules, "gym", gym)
     pools = []
     theirs = lockstep.procgen_pool(spec, 2, pools)
     assert theirs.observation_space["rgb"].shape == (64, 64, 3) and theirs.action_space.n == real.action_space.n
@@ -229,38 +230,29 @@ def test_one_optimiser_over_the_agent_and_the_predictor_is_named_and_its_fixed_t
     assert [id(t) for t in fixed] == [id(t) for t in model.target.parameters()]
 
 
-def test_one_scripted_env_under_gymnasiums_vector_env_gives_the_pools_data():
-    """ppo_continuous_action.py wraps each env (gymnasium.make, then its normalisation wrappers) before gymnasium's own
-    SyncVectorEnv steps them: one env of the pool as a gymnasium.Env gives what the pool gives ours, and its bounds."""
+@pytest.mark.parametrize("pair", ["ppo-continuous", "a2c"])
+def test_the_ith_scripted_env_made_shows_row_i_of_the_pool_under_a_vector_env(pair):
+    """ppo_continuous_action.py wraps each env (gymnasium.make, then its normalisation wrappers) before gymnasium's
+    SyncVectorEnv steps them, Stable-Baselines3's A2C steps a DummyVecEnv of gymnasium.make's envs; ours steps one
+    pool: env i made is row i of that pool, so both sides see the same streams, and different ones in each env."""
     import gymnasium
 
-    spec, pools = lockstep.PAIRS["ppo-continuous"][3], []
-    real = envpool.make_spec("Hopper-v4")
-    envs = gymnasium.vector.SyncVectorEnv([lambda: lockstep.single_env(spec, pools)])
-    pool = lockstep.ScriptedPool(spec, 1, "gymnasium")
-    assert envs.single_observation_space.shape == real.observation_space.shape
-    assert envs.single_action_space == pool.single_action_space and pool.single_action_space.shape == real.action_space.shape
-    np.testing.assert_array_equal(envs.reset(seed=1)[0], pool.reset()[0])
+    spec, pools = lockstep.PAIRS[pair][3], []
+    n = spec.get("envs", 1)
+    envs = gymnasium.vector.SyncVectorEnv([lambda: lockstep.single_env(spec, pools) for _ in range(n)])
+    pool = lockstep.ScriptedPool(spec, n, "gymnasium")
+    assert envs.single_action_space == pool.single_action_space
+    if pair == "ppo-continuous":  # Hopper's shapes, as ours reads them from envpool
+        real = envpool.make_spec("Hopper-v4")
+        assert envs.single_observation_space.shape == real.observation_space.shape
+        assert pool.single_action_space.shape == real.action_space.shape
+    first = envs.reset(seed=1)[0]
+    np.testing.assert_array_equal(first, pool.reset()[0])
+    assert len(np.unique(first, axis=0)) == n
     for _ in range(3):
-        obs, reward, term, trunc, _ = envs.step(np.zeros((1, 3), dtype=np.float32))
-        mine = pool.step(np.zeros((1, 3)))
+        space = envs.single_action_space
+        obs, reward = envs.step(np.zeros((n, *space.shape), dtype=space.dtype))[:2]
+        mine = pool.step(np.zeros(n))
         np.testing.assert_array_equal(obs, mine[0])
         np.testing.assert_array_equal(reward, mine[1])
-    assert pools[-1].step_count == 3  # the pool whose step the scripted Gaussian actions follow
-
-
-def test_the_ith_scripted_env_made_shows_row_i_of_the_pool_as_sb3s_vector_env_steps_them():
-    """Stable-Baselines3's A2C steps a DummyVecEnv of gymnasium.make's envs; ours steps one pool of 8: env i made is
-    row i of that pool, so both sides see 8 different streams, the same ones."""
-    import gymnasium
-
-    spec, pools = lockstep.PAIRS["a2c"][3], []
-    envs = gymnasium.vector.SyncVectorEnv([lambda: lockstep.single_env(spec, pools) for _ in range(spec["envs"])])
-    pool = lockstep.ScriptedPool(spec, spec["envs"], "gymnasium")
-    first = envs.reset()[0]
-    np.testing.assert_array_equal(first, pool.reset()[0])
-    assert len(np.unique(first, axis=0)) == spec["envs"]
-    obs, reward = envs.step(np.zeros(spec["envs"], dtype=np.int64))[:2]
-    mine = pool.step(np.zeros(spec["envs"]))
-    np.testing.assert_array_equal(obs, mine[0])
-    np.testing.assert_array_equal(reward, mine[1])
+    assert pools[-1].step_count == 3  # the pool whose step the scripted actions follow

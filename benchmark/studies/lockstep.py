@@ -454,9 +454,9 @@ def single_env(spec: dict, pools: list):
     env made shows row i of a pool of spec["envs"] (default 1), as ours' pool does."""
     import gymnasium
 
-    row = sum(hasattr(pool, "row") for pool in pools)  # the envs made before this one
+    row = len(pools)  # the envs made before this one (a side that makes single envs makes no other pool)
     pool = ScriptedPool(spec, spec.get("envs", 1), "gymnasium")
-    pool.row = row
+    assert row < pool.num_envs, f"env {row + 1} made of a pool of {pool.num_envs}"
     pools.append(pool)
 
     class ScriptedEnv(gymnasium.Env):
@@ -535,15 +535,15 @@ def optimised_module(params: list, roles: dict) -> tuple[tuple[str, ...], torch.
     for obj in modules:
         if [id(p) for p in obj.parameters()] == ids:
             found.append((tuple(name for name, _ in obj.named_parameters()), obj))
-    if not found:  # one optimiser over two modules (RND: the agent, then the predictor), the second's names under its own
-        for first in modules:
-            head = [id(p) for p in first.parameters()]
-            rest = [obj for obj in modules if head and head + [id(p) for p in obj.parameters()] == ids]
-            named = [(name, child) for obj in modules for name, child in obj.named_children() if rest and child is rest[0]]
-            if named:
-                names = [name for name, _ in first.named_parameters()]
-                names += [f"{named[0][0]}.{name}" for name, _ in named[0][1].named_parameters()]
-                found.append((tuple(names), first))
+    for first in [] if found else modules:  # one optimiser over two modules (RND: the agent, then the predictor)
+        head = [id(p) for p in first.parameters()]
+        if not head or ids[: len(head)] != head:
+            continue
+        rest = next((obj for obj in modules if [id(p) for p in obj.parameters()] == ids[len(head) :]), None)
+        under = next((name for obj in modules for name, child in obj.named_children() if child is rest), None)
+        if rest is not None and under is not None:  # the second's names under the attribute that holds it
+            names = [name for name, _ in first.named_parameters()]
+            found.append((tuple(names + [f"{under}.{name}" for name, _ in rest.named_parameters()]), first))
     return max(found, key=lambda f: sum(role_of(name, roles) != "?" for name in f[0]), default=None)
 
 
@@ -611,25 +611,33 @@ def patched(text: str, same: list[str]) -> str:
 
 
 def make_same(names: dict, same: list[str]) -> None:
-    """Ours' module globals (names) with the differences in `same` made CleanRL's way: ppo.py's through its
-    compute_gae, ppg_procgen.py's through its normalize_advantages, training_steps and optimizer_step."""
-    if "adv-std" in same:  # CleanRL: (adv - mean) / (adv.std() + 1e-8), torch's sample std
+    """Ours' module globals (names) with the differences in `same` made CleanRL's way, on the functions they live in
+    (the rest are TEXT_PATCHES of ours' source)."""
+    for departures, make in (
+        ({"truncation", "reset-step"}, make_same_gae),
+        ({"adv-std"}, make_same_advantages),
+        ({"one-adam", "stale-grad"}, make_same_phases),
+        ({"filter-axis", "reward-count"}, make_same_intrinsic),
+        ({"norm-restart", "norm-reset-step"}, make_same_reward_scaling),
+    ):
+        if departures & set(same):
+            make(names, same)
 
-        def normalize_advantages(advantages, valid, world_size=1):
-            count = valid.sum()
-            mean = (advantages * valid).sum() / count
-            std = (((advantages - mean) ** 2 * valid).sum() / (count - 1)).sqrt()
-            return (advantages - mean) / (std + 1e-8) * valid
 
-        names["normalize_advantages"] = normalize_advantages
-    if {"one-adam", "stale-grad"} & set(same):
-        make_same_phases(names, same)
-    if {"filter-axis", "reward-count"} & set(same):
-        make_same_intrinsic(names, same)
-    if {"norm-restart", "norm-reset-step"} & set(same):
-        make_same_reward_scaling(names, same)
-    if "compute_gae" not in names or not {"truncation", "reset-step"} & set(same):
-        return
+def make_same_advantages(names: dict, same: list[str]) -> None:
+    """ppg_procgen.py's advantage normalisation as CleanRL's: (adv - mean) / (adv.std() + 1e-8), torch's sample std."""
+
+    def normalize_advantages(advantages, valid, world_size=1):
+        count = valid.sum()
+        mean = (advantages * valid).sum() / count
+        std = (((advantages - mean) ** 2 * valid).sum() / (count - 1)).sqrt()
+        return (advantages - mean) / (std + 1e-8) * valid
+
+    names["normalize_advantages"] = normalize_advantages
+
+
+def make_same_gae(names: dict, same: list[str]) -> None:
+    """ppo.py's (and rnd_ppo.py's extrinsic) compute_gae as CleanRL's at an episode's end."""
     gae = names["compute_gae"]
 
     def compute_gae(rewards, values, next_value, terminations, dones, valid, *rest):
@@ -670,10 +678,11 @@ def make_same_phases(names: dict, same: list[str]) -> None:
                     p.grad = grad
             return aux_chunk(*chunk_args, **kwargs)
 
-        names["optimizer_step"] = step_keeping
         return dict(steps, policy_step=policy_step_kept, aux_chunk=aux_chunk_after)
 
     names["training_steps"] = steps_as_cleanrl
+    if "stale-grad" in same:  # every step keeps its clipped gradient, for the auxiliary phase's first
+        names["optimizer_step"] = step_keeping
 
 
 def make_same_reward_scaling(names: dict, same: list[str]) -> None:
@@ -895,7 +904,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         install_td3_draws(spec, pools, counts, flag_value(flags, "--learning-starts"), spec["batch_size"])
     # per optimiser, in the order they are made: its tensors' (role, shape), layers, initial values; each step: (the
     # optimiser's number, its parameters, its moments), all in the reference's layout (ours is it, or a permutation)
-    out = {"names": [], "layers": [], "moments": [], "initial": [], "steps": [], "losses": []}
+    out = {"names": [], "layers": [], "optimisers": [], "initial": [], "steps": [], "losses": []}
     if start is not None:
         out["checked"] = []  # ours: each step's verdict against the reference's (compare_step), in place of its tensors
     # each of the reference's steps mapped from disk as ours reaches it, not read in: the Atari DQN pair's are about
@@ -906,11 +915,11 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
 
     def init(optimizer, params, *args, **kwargs):
         cls = next(cls for cls in OPTIMISERS if isinstance(optimizer, cls))
-        params, k, kind = list(params), len(optimisers), OPTIMISERS[cls]
+        params, k = list(params), len(optimisers)
         found = optimised_module(params, roles)
         critics = found is None or type(found[1]).__name__ == "QNetwork"  # CleanRL's critics, one or two
         if critics and spec.get("layout") == "critics" and side == "reference":
-            names, layout = [f"{kind}.{i}" for kind in ("weights", "biases") for i in range(3)], as_critics
+            names, layout = [f"{part}.{i}" for part in ("weights", "biases") for i in range(3)], as_critics
             module, kinds = None, ["critic"] * len(names)
         elif found is None:
             raise SystemExit("lockstep.py: error: no module holds exactly the optimiser's parameters")
@@ -921,9 +930,9 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
             layout = lambda tensors, order=order: [tensors[i] for i in order]  # noqa: E731  by role (ROLES)
         optimisers.append(optimizer)
         layouts.append(layout)
-        out["names"].append([(kind, tuple(t.shape)) for kind, t in zip(kinds, layout(params), strict=True)])
+        out["names"].append([(role, tuple(t.shape)) for role, t in zip(kinds, layout(params), strict=True)])
         out["layers"].append(layer_ids(names))
-        out["moments"].append((kind, MOMENTS[kind]))
+        out["optimisers"].append(OPTIMISERS[cls])
         numbers.append(k)
         if start is not None:
             if k >= len(reference["names"]) or out["names"][k] != reference["names"][k]:
@@ -968,7 +977,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
         i = next(i for i, o in enumerate(optimisers) if o is optimizer)
         params, k, layout = [p for group in optimizer.param_groups for p in group["params"]], numbers[i], layouts[i]
         # a tensor no loss has reached yet (PPG's auxiliary head in the policy phase) has no moments: zeros
-        keys = MOMENTS[out["moments"][i][0]]
+        keys = MOMENTS[out["optimisers"][i]]
         state = [optimizer.state[p] or {m: torch.zeros_like(p) for m in keys} for p in params]
         moments = [layout([s[m] for s in state]) for m in keys]
         moments = [m for each in zip(*moments, strict=True) for m in each]  # each tensor's, side by side
@@ -1061,7 +1070,8 @@ def compare_step(k: int, mine: tuple, theirs: tuple, reference: dict) -> tuple[f
     if mine[0] != theirs[0]:
         return 0.0, False, f"DIFFERS at step {k}: optimiser {mine[0] + 1} stepped, the reference's {theirs[0] + 1}"
     names = [f"{role} {i} {shape}" for i, (role, shape) in enumerate(reference["names"][theirs[0]])]
-    kind, keys = reference.get("moments", [("Adam", MOMENTS["Adam"])] * (theirs[0] + 1))[theirs[0]]
+    kind = reference["optimisers"][theirs[0]]
+    keys = MOMENTS[kind]
     names += [f"{n}: {kind}'s {m}" for n in names for m in keys]
     layers = reference["layers"][theirs[0]]  # a weight and its bias: one layer; then their moments, each tensor's
     role = {layer: r for layer, (r, _) in zip(layers, reference["names"][theirs[0]], strict=True)}
