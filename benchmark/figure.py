@@ -15,19 +15,20 @@ from pathlib import Path
 
 import numpy as np
 
-from report import HERE, load_references, lone_run_job, seed_band
+from report import HERE, load_reference_curves, load_references, lone_run_job, reference_curve, seed_band
 from tblog import read_scalars
 
 RESULTS = HERE / "results"
 
 # One panel per committed benchmark that has a published reference: (title, results folder, its headline env, the tag
-# plotted, the algo as in references.csv[, the reference's curve in REFERENCE_CURVES]). The tag is the training return,
-# except for tabular Q-learning, whose reference (the optimum) is about the exact return of its greedy policy.
+# plotted, the algo as in references.csv). The tag is the training return, except for tabular Q-learning, whose
+# reference (the optimum) is about the exact return of its greedy policy. A run that ends before its reference's budget
+# is drawn beside the reference's curve (reference_curves.csv) where there is one, as in the reports.
 PANELS = [
     ("PPO", "ppo_classic", "Acrobot-v1", "charts/episodic_return", "ppo"),
     ("PPO", "ppo_mujoco_hopper", "Hopper-v4", "charts/episodic_return", "ppo"),
     ("PPO, 3.3M of 10M steps", "ppo_atari_pong_h100", "Pong-v5", "charts/episodic_return", "ppo"),
-    ("PPO, 2M steps, 2-core CPU", "ppo_atari_pong_2m", "Pong-v5", "charts/episodic_return", "ppo", "pong"),
+    ("PPO, 2M steps, 2-core CPU", "ppo_atari_pong_2m", "Pong-v5", "charts/episodic_return", "ppo"),
     ("DQN", "dqn_classic", "CartPole-v1", "charts/episodic_return", "dqn"),
     ("A2C", "a2c_cartpole", "CartPole-v1", "charts/episodic_return", "a2c"),
     ("A2C", "a2c_acrobot", "Acrobot-v1", "charts/episodic_return", "a2c"),
@@ -36,12 +37,6 @@ PANELS = [
     ("ES", "es_cartpole", "CartPole-v1", "charts/episodic_return", "es"),
     ("Q-learning, greedy", "qlearning_toytext", "Taxi-v3", "eval/exact_return", "qlearning"),
 ]
-
-
-# Where a run stops far short of the reference's budget, the reference's own curve at the same steps instead of its
-# final score: (steps, return) read from CleanRL's docs figure of ppo_atari_envpool.py on Pong-v5 at the pinned commit
-# (docs/rl-algorithms/ppo.md), so approximate
-REFERENCE_CURVES = {"pong": ((1_000_000, -12.0), (1_500_000, 2.0), (2_000_000, 11.0))}
 
 
 def benchmark_runs(folder: Path, env_id: str, tag: str) -> list[dict]:
@@ -69,19 +64,19 @@ def draw(out: Path, panels: list[tuple] = PANELS, columns: int = 4) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    references = load_references()
+    references, curves = load_references(), load_reference_curves()
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.6 * rows), squeeze=False)
-    for ax, (title, folder, env_id, tag, algo, *curve) in zip(axes.flat, panels, strict=False):
+    for ax, (title, folder, env_id, tag, algo) in zip(axes.flat, panels, strict=False):
         runs = benchmark_runs(RESULTS / folder, env_id, tag)
         # episodes are smoothed over 20 as in the reports; an exact return, logged every --log-every steps, is not
         grid, mean, std = seed_band(runs, "steps", window=20 if tag == "charts/episodic_return" else 1)
         ax.plot(grid, mean, label=f"ours ({len(runs)} seed{'s' * (len(runs) > 1)})")
         ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
         ref = references.get((algo, env_id))
+        curve = reference_curve(runs, ref, curves.get((algo, env_id)))
         if curve:
-            steps, values = zip(*REFERENCE_CURVES[curve[0]], strict=True)
-            ax.plot(steps, values, "k--o", markersize=3, linewidth=1, label="reference curve (approx.)")
+            ax.plot(*zip(*curve, strict=True), "k--o", markersize=3, linewidth=1, label="reference curve (approx.)")
         elif ref and ref["mean"] != "":
             ax.axhline(float(ref["mean"]), color="k", linestyle="--", linewidth=1, label="reference")
         ax.set_title(f"{env_id}: {title}", fontsize=9)

@@ -33,6 +33,16 @@ def load_references(path: Path = HERE / "references.csv") -> dict[tuple[str, str
         return {(r["algo"], r["env_id"]): r for r in csv.DictReader(f)}
 
 
+def load_reference_curves(path: Path = HERE / "reference_curves.csv") -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """A reference's learning curve at a few steps, (steps, return) read from its published figure, keyed as the
+    references are: the measure for a run that stops far short of the reference's budget."""
+    curves = {}
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            curves.setdefault((r["algo"], r["env_id"]), []).append((int(r["steps"]), float(r["return"])))
+    return curves
+
+
 def summarise_run(bench_dir: Path, job: dict) -> dict:
     """One run's outcome: its episodes (step, return, seconds since start), final score, SPS, or why it has none."""
     out = {"env_id": job["env_id"], "seed": job["seed"], "problem": None}
@@ -128,6 +138,38 @@ def table(algo: str, runs: list[dict], references: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def step_name(steps: int) -> str:
+    return f"{steps / 1e6:g}M" if steps >= 1_000_000 else f"{steps / 1e3:g}k"
+
+
+def curve_table(runs: list[dict], curves: dict, algo: str, every: int = 500_000) -> str:
+    """Per env with a reference curve (reference_curves.csv): each seed's mean of the 20 training episodes that ended
+    at or before each of the curve's steps the runs reach (and each `every` steps), the seeds' mean, the curve's value.
+    A run that ends an iteration short of a round budget (1,999,872 of 2M) reaches that budget."""
+    text = ""
+    for env_id in dict.fromkeys(r["env_id"] for r in runs):
+        ok = [r for r in runs if r["env_id"] == env_id and r["problem"] is None]
+        curve = dict(curves.get((algo, env_id), []))
+        if not ok or not curve:
+            continue
+        end = max(r["total_steps"] for r in ok) * 1.01
+        steps = sorted({s for s in curve if s <= end} | set(range(every, int(end) + 1, every)))
+        lines = [
+            f"\n## {env_id}: the mean of the 20 episodes ended by each step, beside the reference's curve\n",
+            "The reference's curve is read by eye from its published figure (reference_curves.csv names it): approximate.\n",
+            "| steps | " + " | ".join(f"seed {r['seed']}" for r in ok) + " | mean of the seeds | reference curve |",
+            "|---" * (len(ok) + 3) + "|",
+        ]
+        for step in steps:
+            means = [r["returns"][r["steps"] <= step][-20:] for r in ok]
+            means = [float(m.mean()) if len(m) else float("nan") for m in means]
+            ref = f"{curve[step]:g}" if step in curve else ""
+            cells = " | ".join(f"{m:.1f}" for m in means)
+            lines.append(f"| {step_name(step)} | {cells} | {np.mean(means):.1f} | {ref} |")
+        text += "\n".join(lines) + "\n"
+    return text
+
+
 def smoothed_curve(x: np.ndarray, y: np.ndarray, grid: np.ndarray, window: int = 20) -> np.ndarray:
     """Rolling mean over `window` episodes, interpolated onto a common grid (NaN outside the run's range)."""
     kernel = np.ones(min(window, len(y))) / min(window, len(y))
@@ -144,9 +186,10 @@ def seed_band(runs: list[dict], x_key: str, window: int = 20) -> tuple[np.ndarra
     return grid, curves.mean(0), curves.std(0)
 
 
-def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str, path: Path, others=(), label=None) -> None:
+def plot(algo: str, runs: list[dict], references, x_key: str, xlabel: str, path: Path, others=(), label=None, curves=None):
     """One panel per env: the runs' seed band (labelled `label`, by default the algorithm), each of `others` (pairs of
-    a label and its runs, e.g. the same envs without an option) on the same axes, and the reference."""
+    a label and its runs, e.g. the same envs without an option) on the same axes, and the reference: against steps, its
+    curve where the runs end before its budget and reference_curves.csv has one, else its final score."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,7 +209,10 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
                 ax.plot(grid, mean, label=f"{name} ({len(ok)} seeds)")
                 ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
         ref = references.get((algo, env_id))
-        if ref and ref["mean"] != "":
+        curve = reference_curve(ok, ref, (curves or {}).get((algo, env_id))) if x_key == "steps" else None
+        if curve:
+            ax.plot(*zip(*curve, strict=True), "k--o", markersize=3, linewidth=1, label="reference curve (approx.)")
+        elif ref and ref["mean"] != "":
             ax.axhline(float(ref["mean"]), color="k", linestyle="--", linewidth=1, label="reference")
         missing = [r for r in runs if r["env_id"] == env_id and r["problem"]]
         if missing:
@@ -179,6 +225,15 @@ def plot(algo: str, runs: list[dict], references: dict, x_key: str, xlabel: str,
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def reference_curve(runs: list[dict], ref: dict | None, curve: list | None) -> list | None:
+    """The reference's curve up to the runs' end (a run an iteration short of 2M reaches 2M) where they stop short of
+    its budget; else None."""
+    end = max((r["steps"][-1] for r in runs), default=0)
+    if not curve or (ref and end >= int(ref["steps"])):
+        return None
+    return [(s, v) for s, v in curve if s <= 1.01 * end] or None
 
 
 def keep_data(bench_dir: Path, jobs: list[dict], out: Path) -> None:
@@ -200,6 +255,11 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("bench_dir", help="a folder written by benchmark/run.py")
     p.add_argument("--out", default=None, help="where the report goes (default: the folder given)")
     p.add_argument("--references", default=str(HERE / "references.csv"), help="reference figures (csv)")
+    p.add_argument(
+        "--reference-curves",
+        default=str(HERE / "reference_curves.csv"),
+        help="references' curves at a few steps (csv), tabled beside the runs' at those steps",
+    )
     p.add_argument(
         "--lone-run",
         metavar="ALGO",
@@ -244,6 +304,7 @@ def main(argv: list[str] | None = None) -> Path:
     every = load_references(Path(args.references))
     references = {(name, e): r for a in (algo, name) for (k, e), r in every.items() if k == a}
     algo = name
+    curves = {(k, e): c for (k, e), c in load_reference_curves(Path(args.reference_curves)).items() if k == name}
     runs = [summarise_run(bench_dir, job) for job in jobs]
     if args.keep_data:
         keep_data(bench_dir, jobs, out)
@@ -255,8 +316,8 @@ def main(argv: list[str] | None = None) -> Path:
         others.append((folder.name, other))
         text += f"\n## Beside it: {folder.name}\n" + table(algo, other, references).split("\n", 1)[1]
     label = bench_dir.name if args.compare and not args.lone_run else None
-    (out / "report.md").write_text(text + PLOTS)
-    plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png", others, label)
+    (out / "report.md").write_text(text + curve_table(runs, curves, algo) + PLOTS)
+    plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png", others, label, curves)
     plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png", others, label)
     print((out / "report.md").read_text())
     print(f"plots: {out / 'returns_vs_steps.png'}, {out / 'returns_vs_time.png'}")
