@@ -18,7 +18,7 @@
 # life, FIRE on reset, clipped rewards, 84x84 grey, 4-frame stacks, no sticky actions): envpool's -v5 defaults
 # with episodic life and reward clipping, as the atari preset sets them.
 #
-# Usage: bash benchmark/dqn.sh [classic|atari|all|speed|memory]
+# Usage: bash benchmark/dqn.sh [classic|atari|atari-cpu|all|speed|memory]
 # Classic control takes a few minutes a run on a 2-core CPU; Atari 10M steps wants a GPU (and 8 GB of memory for
 # the 1M-transition replay buffer).
 #   speed:  SPS and the time split (env steps / updates / the rest) on CartPole-v1 with the classic preset and on
@@ -33,6 +33,16 @@ source benchmark/common.sh
 
 if [[ $family == classic || $family == all ]]; then bench dqn dqn_classic CartPole-v1 Acrobot-v1 MountainCar-v0; fi
 if [[ $family == atari || $family == all ]]; then bench dqn dqn_atari Pong-v5 Breakout-v5 BeamRider-v5; fi
+# Breakout on a 2-core CPU: 2M of the 10M steps, one seed, with epsilon decaying over the first 1M steps as in the
+# 10M-step run (0.1 of 10M: --exploration-fraction 0.5 of 2M), so that the curve compares with CleanRL's at the same
+# steps (benchmark/reference_curves.csv); float32. About 4 h at 129 SPS on one thread; the checkpoint (every 250k
+# steps, and on a stop) keeps the replay buffer, 7 GB, so that `python benchmark/run.py --name dqn_atari_breakout_2m
+# --resume` goes on where it stopped.
+if [[ $family == atari-cpu ]]; then
+  python benchmark/run.py --algo dqn --name dqn_atari_breakout_2m --env-ids Breakout-v5 --seeds 1 --jobs 1 --threads 1 -- \
+    --total-timesteps 2000000 --exploration-fraction 0.5 --no-cuda --checkpoint-every 250000 --save-buffer
+  python benchmark/report.py benchmark/runs/dqn_atari_breakout_2m --out benchmark/results/dqn_atari_breakout_2m --keep-data
+fi
 if [[ $family == speed ]]; then
   python algorithms/dqn.py --env-id CartPole-v1 --total-timesteps 100000 --exp-name speed | tail -4
   python algorithms/dqn.py --env-id Breakout-v5 --total-timesteps 20000 --learning-starts 10000 --exp-name speed | tail -4

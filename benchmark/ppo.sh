@@ -21,7 +21,7 @@
 #   Pong-v5           10M    --rnn lstm 19.8 +- 1.6     (CleanRL ppo_atari_lstm.py)
 #   BeamRider-v5      10M    --rnn lstm 1536 +- 612     (CleanRL ppo_atari_lstm.py)
 #
-# Usage: bash benchmark/ppo.sh [classic|atari|mujoco|memory|memory-atari|memory-speed|all]
+# Usage: bash benchmark/ppo.sh [classic|atari|atari-cpu|mujoco|memory|memory-atari|memory-speed|all]
 # Classic control takes about 1.5 minutes a run on a quiet 2-core CPU. Atari 10M steps is about 7 hours a run
 # there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run on a 2-core CPU, two at a time
 # (one thread each; 51 min while other work shared the cores).
@@ -35,6 +35,17 @@ if [[ $family == classic || $family == all ]]; then bench ppo ppo_classic CartPo
 # On a 16-core GPU machine with a budget (benchmark/results/ppo_atari_pong_h100: Pong-v5 at 18 in 12 minutes of an H100):
 #   python algorithms/ppo.py --env-id Pong-v5 --seed 1 --compile --cudagraphs --num-envs 16 --num-minibatches 8
 if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
+# Atari on a 2-core CPU: 2M of the 10M steps with --bf16 (which learns as float32 does: results/bf16_learning), one
+# thread a run, about 2 h a run alone; the reports table each seed beside CleanRL's curve at the same steps
+# (benchmark/reference_curves.csv). A stopped run goes on with `python benchmark/run.py --name NAME --resume`.
+if [[ $family == atari-cpu ]]; then
+  for env in Pong Breakout; do
+    name="ppo_atari_${env,,}_2m"
+    python benchmark/run.py --algo ppo --name "$name" --env-ids "$env-v5" --seeds 3 --jobs 1 --threads 1 -- \
+      --total-timesteps 2000000 --no-cuda --checkpoint-every 100000 --bf16
+    python benchmark/report.py "benchmark/runs/$name" --out "benchmark/results/$name" --keep-data
+  done
+fi
 # MuJoCo as committed in benchmark/results/ppo_mujoco and ppo_mujoco_hopper (run there with --no-cuda as well): a
 # checkpoint every 100k steps (a stopped benchmark goes on with `python benchmark/run.py --name ppo_mujoco --resume`)
 # and the reloaded model's evaluation at the end
