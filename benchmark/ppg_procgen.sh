@@ -16,10 +16,21 @@
 # Needs 6.4 GB of RAM (CPU) or GPU memory (CUDA) for the phase's frames; `--preset small` keeps 1.6 GB.
 #
 # Usage: bash benchmark/ppg_procgen.sh [STEPS]   (default 25000000; a smaller STEPS runs the same commands shorter)
+#        bash benchmark/ppg_procgen.sh cpu       (StarPilot, --arch detach, 4 phases: 2,097,152 steps, 2 seeds, --bf16)
+# The cpu form is what a 2-core CPU affords, against CleanRL's curve at the same steps (benchmark/reference_curves.csv):
+# 4 policy phases (about 18 min each on one thread beside a DQN run) and 3 auxiliary phases of 6 epochs over 524,288
+# frames (about 14 min an epoch there), about 5.5 h a seed. A stopped run goes on with `python benchmark/run.py --name ppg_starpilot_detach_2m --resume`, from a
+# checkpoint inside an auxiliary phase too (with the phase's frames, 6.4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-25000000}"
 
 source benchmark/common.sh
 
+if [[ $steps == cpu ]]; then
+  python benchmark/run.py --algo ppg_procgen --name ppg_starpilot_detach_2m --env-ids StarpilotEasy-v0 --seeds 2 --jobs 1 \
+    --threads 1 -- --arch detach --total-timesteps 2097152 --bf16 --no-cuda --checkpoint-every 524288
+  python benchmark/report.py benchmark/runs/ppg_starpilot_detach_2m --out benchmark/results/ppg_starpilot_detach_2m --keep-data
+  exit
+fi
 bench ppg_procgen ppg_procgen StarpilotEasy-v0 BossfightEasy-v0 BigfishEasy-v0 -- --total-timesteps "$steps" --checkpoint-every 1048576
