@@ -19,8 +19,8 @@
 #        bash benchmark/ppg_procgen.sh cpu       (StarPilot, --arch detach, 4 phases: 2,097,152 steps, 2 seeds, --bf16)
 # The cpu form is what a 2-core CPU affords, against CleanRL's curve at the same steps (benchmark/reference_curves.csv):
 # 4 policy phases (about 18 min each on one thread beside a DQN run) and 3 auxiliary phases of 6 epochs over 524,288
-# frames (about 14 min an epoch there), about 5.5 h a seed. A stopped run goes on with `python benchmark/run.py --name ppg_starpilot_detach_2m --resume`, from a
-# checkpoint inside an auxiliary phase too (with the phase's frames, 6.4 GB).
+# frames (about 14 min an epoch there), about 5.5 h a seed. A stopped run goes on with `python benchmark/run.py --name
+# ppg_starpilot_detach_2m --resume`, from a checkpoint inside an auxiliary phase too (with the phase's frames, 6.4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-25000000}"
