@@ -152,7 +152,7 @@ def curve_table(runs: list[dict], curves: dict, algo: str, every: int = 500_000)
         curve = dict(curves.get((algo, env_id), []))
         if not ok or not curve:
             continue
-        end = max(r["total_steps"] for r in ok) * 1.01
+        end = reached(ok)
         steps = sorted({s for s in curve if s <= end} | set(range(every, int(end) + 1, every)))
         lines = [
             f"\n## {env_id}: the mean of the 20 episodes ended by each step, beside the reference's curve\n",
@@ -161,8 +161,8 @@ def curve_table(runs: list[dict], curves: dict, algo: str, every: int = 500_000)
             "|---" * (len(ok) + 3) + "|",
         ]
         for step in steps:
-            means = [r["returns"][r["steps"] <= step][-20:] for r in ok]
-            means = [float(m.mean()) if len(m) else float("nan") for m in means]
+            ended = [r["returns"][r["steps"] <= step][-20:] for r in ok]
+            means = [float(m.mean()) if len(m) else float("nan") for m in ended]
             ref = f"{curve[step]:g}" if step in curve else ""
             cells = " | ".join(f"{m:.1f}" for m in means)
             lines.append(f"| {step_name(step)} | {cells} | {np.mean(means):.1f} | {ref} |")
@@ -209,7 +209,8 @@ def plot(algo: str, runs: list[dict], references, x_key: str, xlabel: str, path:
                 ax.plot(grid, mean, label=f"{name} ({len(ok)} seeds)")
                 ax.fill_between(grid, mean - std, mean + std, alpha=0.25)
         ref = references.get((algo, env_id))
-        curve = reference_curve(ok, ref, (curves or {}).get((algo, env_id))) if x_key == "steps" else None
+        ours = [r for r in runs if r["env_id"] == env_id and r["problem"] is None]
+        curve = reference_curve(ours, ref, (curves or {}).get((algo, env_id))) if x_key == "steps" and ours else None
         if curve:
             ax.plot(*zip(*curve, strict=True), "k--o", markersize=3, linewidth=1, label="reference curve (approx.)")
         elif ref and ref["mean"] != "":
@@ -227,13 +228,17 @@ def plot(algo: str, runs: list[dict], references, x_key: str, xlabel: str, path:
     plt.close(fig)
 
 
+def reached(runs: list[dict]) -> float:
+    """The step the runs reach, for reading them beside a reference's curve: their last episode's, a percent over, so
+    that a run whose last episode ends short of a round budget (1,999,872 of 2M) is read at that budget."""
+    return max(r["steps"][-1] for r in runs) * 1.01
+
+
 def reference_curve(runs: list[dict], ref: dict | None, curve: list | None) -> list | None:
-    """The reference's curve up to the runs' end (a run an iteration short of 2M reaches 2M) where they stop short of
-    its budget; else None."""
-    end = max((r["steps"][-1] for r in runs), default=0)
-    if not curve or (ref and end >= int(ref["steps"])):
+    """The reference's curve up to where the runs reach, where they stop short of its budget; else None."""
+    if not curve or (ref and reached(runs) >= int(ref["steps"])):
         return None
-    return [(s, v) for s, v in curve if s <= 1.01 * end] or None
+    return [(s, v) for s, v in curve if s <= reached(runs)] or None
 
 
 def keep_data(bench_dir: Path, jobs: list[dict], out: Path) -> None:
