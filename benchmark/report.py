@@ -154,6 +154,8 @@ def curve_table(runs: list[dict], curves: dict, algo: str, every: int = 500_000)
             continue
         end = reached(ok)
         steps = sorted({s for s in curve if s <= end} | set(range(every, int(end) + 1, every)))
+        if not steps:  # the runs end before the curve's first step: nothing to table
+            continue
         lines = [
             f"\n## {env_id}: the mean of the 20 episodes ended by each step, beside the reference's curve\n",
             "The reference's curve is read by eye from its published figure (reference_curves.csv names it): approximate.\n",
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> Path:
     runs = [summarise_run(bench_dir, job) for job in jobs]
     if args.keep_data:
         keep_data(bench_dir, jobs, out)
-    others, text = [], table(algo, runs, references)
+    others, text = [], table(algo, runs, references) + curve_table(runs, curves, algo)  # the curve under its own runs
     for folder in map(Path, args.compare):
         if not (folder / "status.json").is_file():
             p.error(f"--compare {folder} has no status.json; pass a folder written by benchmark/run.py")
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> Path:
         others.append((folder.name, other))
         text += f"\n## Beside it: {folder.name}\n" + table(algo, other, references).split("\n", 1)[1]
     label = bench_dir.name if args.compare and not args.lone_run else None
-    (out / "report.md").write_text(text + curve_table(runs, curves, algo) + PLOTS)
+    (out / "report.md").write_text(text + PLOTS)
     plot(algo, runs, references, "steps", "env steps", out / "returns_vs_steps.png", others, label, curves)
     plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png", others, label)
     print((out / "report.md").read_text())

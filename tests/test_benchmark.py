@@ -434,17 +434,19 @@ def test_speed_says_a_refused_runs_own_line_and_writes_only_where_asked(tmp_path
 def test_report_tables_each_seed_beside_the_reference_curve_at_its_steps(tmp_path):
     """A run far short of its reference's budget is read at the reference curve's steps: each seed's mean of the 20
     episodes ended by the step (episodes every 100 steps, so by step 1,000 the 10 first), the seeds' mean, the curve's
-    value; a step past the runs' end is not tabled, nor is an env without a curve."""
+    value; a step past the runs' end is not tabled, nor is an env whose runs end before its curve's first step, nor an
+    env without a curve."""
     bench = tmp_path / "bench"
     jobs = [
         write_run(bench, "Pong-v5", 1, list(range(30))),  # episode i ends at step 100 * (i + 1) with return i
         write_run(bench, "Pong-v5", 2, [float(10 * i) for i in range(30)]),
         write_run(bench, "CartPole-v1", 1, [500.0] * 30),
+        write_run(bench, "Breakout-v5", 1, [5.0] * 30),
     ]
     (bench / "status.json").write_text(json.dumps(jobs))
     (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
     curves = tmp_path / "curves.csv"
-    curves.write_text("algo,env_id,steps,return,source\nppo,Pong-v5,1000,-12,a\nppo,Pong-v5,3000,2,a\nppo,Pong-v5,9000,11,a\n")
+    curves.write_text("algo,env_id,steps,return,source\nppo,Pong-v5,1000,-12,a\nppo,Pong-v5,3000,2,a\nppo,Pong-v5,9000,11,a\n" + "ppo,Breakout-v5,9000,15,a\n")
     out = report.main([str(bench), "--out", str(tmp_path / "r"), "--reference-curves", str(curves)])
     text = (out / "report.md").read_text()
     pong = text.split("## Pong-v5")[1].splitlines()
@@ -452,4 +454,4 @@ def test_report_tables_each_seed_beside_the_reference_curve_at_its_steps(tmp_pat
     assert rows[0] == ["| steps", "seed 1", "seed 2", "mean of the seeds", "reference curve |"]
     # by step 1,000: returns 0..9 (mean 4.5) and 0..90 (45.0); by 3,000: the last 20 of 0..29, 10..29 (19.5) and 195.0
     assert rows[1:] == [["| 1k", "4.5", "45.0", "24.8", "-12 |"], ["| 3k", "19.5", "195.0", "107.2", "2 |"]]
-    assert "## CartPole-v1" not in text
+    assert "## CartPole-v1" not in text and "## Breakout-v5" not in text
