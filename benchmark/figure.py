@@ -29,6 +29,7 @@ PANELS = [
     ("PPO", "ppo_mujoco_hopper", "Hopper-v4", "charts/episodic_return", "ppo"),
     ("PPO, 3.3M of 10M steps", "ppo_atari_pong_h100", "Pong-v5", "charts/episodic_return", "ppo"),
     ("PPO, 2M steps, 2-core CPU", "ppo_atari_pong_2m", "Pong-v5", "charts/episodic_return", "ppo"),
+    ("PPO, 1M steps, 2-core CPU", "bf16_learning/ppo_breakout_1m_float32", "Breakout-v5", "charts/episodic_return", "ppo"),
     ("DQN", "dqn_classic", "CartPole-v1", "charts/episodic_return", "dqn"),
     ("A2C", "a2c_cartpole", "CartPole-v1", "charts/episodic_return", "a2c"),
     ("A2C", "a2c_acrobot", "Acrobot-v1", "charts/episodic_return", "a2c"),
