@@ -36,7 +36,8 @@ if [[ $family == classic || $family == all ]]; then bench ppo ppo_classic CartPo
 #   python algorithms/ppo.py --env-id Pong-v5 --seed 1 --compile --cudagraphs --num-envs 16 --num-minibatches 8
 if [[ $family == atari || $family == all ]]; then bench ppo ppo_atari Pong-v5 BeamRider-v5 Breakout-v5; fi
 # Atari on a 2-core CPU: 2M of the 10M steps with --bf16 (which learns as float32 does: results/bf16_learning), one
-# thread a run, about 2 h a run alone; the reports table each seed beside CleanRL's curve at the same steps
+# thread a run, about 2 h a run alone on a CPU with AVX512-BF16 (on one without, in float32, two Breakout runs side by
+# side ran at 148-152 SPS each: about 3.7 h a run); the reports table each seed beside CleanRL's curve at the same steps
 # (benchmark/reference_curves.csv). A stopped run goes on with `python benchmark/run.py --name NAME --resume`.
 if [[ $family == atari-cpu ]]; then
   for env in Pong Breakout; do
