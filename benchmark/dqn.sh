@@ -36,9 +36,9 @@ if [[ $family == atari || $family == all ]]; then bench dqn dqn_atari Pong-v5 Br
 # Breakout on a 2-core CPU: 2M of the 10M steps, one seed, with epsilon decaying over the first 1M steps as in the
 # 10M-step run (0.1 of 10M: --exploration-fraction 0.5 of 2M), so that the curve compares with CleanRL's at the same
 # steps (benchmark/reference_curves.csv); float32. About 4 h at 129 SPS on one thread of a 2-core x86 CPU with
-# AVX-512 (once learning: 160 SPS on two threads there; about 72 on two threads of one without); the checkpoint (every 250k
-# steps, and on a stop) keeps the replay buffer, 7 GB, so that `python benchmark/run.py --name dqn_atari_breakout_2m
-# --resume` goes on where it stopped.
+# AVX-512 (once learning: 160 SPS on two threads there; about 72 on two threads of one without); the checkpoint
+# (every 250k steps, and on a stop) keeps the replay buffer, 7 GB, so that `python benchmark/run.py --name
+# dqn_atari_breakout_2m --resume` goes on where it stopped.
 if [[ $family == atari-cpu ]]; then
   python benchmark/run.py --algo dqn --name dqn_atari_breakout_2m --env-ids Breakout-v5 --seeds 1 --jobs 1 --threads 1 -- \
     --total-timesteps 2000000 --exploration-fraction 0.5 --no-cuda --checkpoint-every 250000 --save-buffer

@@ -20,9 +20,9 @@
 # The cpu form is what a 2-core CPU affords, against CleanRL's curve at the same steps (benchmark/reference_curves.csv):
 # 4 policy phases (about 18 min each on one thread beside a DQN run) and 3 auxiliary phases of 6 epochs over 524,288
 # frames (about 14 min an epoch there), about 5.5 h a seed, on a CPU with AVX512-BF16; on a 2-core CPU without it
-# (float32, where --bf16 is slower), two seeds side by side ran their policy phases at 189-194 SPS each, 2.5 times slower
-# than there (about 490 SPS). A stopped run goes on with `python benchmark/run.py --name
-# ppg_starpilot_detach_2m --resume`, from a checkpoint inside an auxiliary phase too (with the phase's frames, 6.4 GB).
+# (float32, where --bf16 is slower), two seeds side by side ran their policy phases at 189-194 SPS each, 2.5 times
+# slower than there (about 490 SPS). A stopped run goes on with `python benchmark/run.py --name ppg_starpilot_detach_2m
+# --resume`, from a checkpoint inside an auxiliary phase too (with the phase's frames, 6.4 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-25000000}"

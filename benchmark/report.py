@@ -238,9 +238,10 @@ def reached(runs: list[dict]) -> float:
 
 def reference_curve(runs: list[dict], ref: dict | None, curve: list | None) -> list | None:
     """The reference's curve up to where the runs reach, where they stop short of its budget; else None."""
-    if not curve or (ref and reached(runs) >= int(ref["steps"])):
+    end = reached(runs)
+    if not curve or (ref and end >= int(ref["steps"])):
         return None
-    return [(s, v) for s, v in curve if s <= reached(runs)] or None
+    return [(s, v) for s, v in curve if s <= end] or None
 
 
 def keep_data(bench_dir: Path, jobs: list[dict], out: Path) -> None:

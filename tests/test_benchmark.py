@@ -446,8 +446,8 @@ def test_report_tables_each_seed_beside_the_reference_curve_at_its_steps(tmp_pat
     (bench / "status.json").write_text(json.dumps(jobs))
     (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
     curves = tmp_path / "curves.csv"
-    rows = ["algo,env_id,steps,return,source", "ppo,Pong-v5,1000,-12,a", "ppo,Pong-v5,3000,2,a", "ppo,Pong-v5,9000,11,a"]
-    curves.write_text("\n".join([*rows, "ppo,Breakout-v5,9000,15,a"]) + "\n")
+    pong_curve = ["ppo,Pong-v5,1000,-12,a", "ppo,Pong-v5,3000,2,a", "ppo,Pong-v5,9000,11,a"]
+    curves.write_text("\n".join(["algo,env_id,steps,return,source", *pong_curve, "ppo,Breakout-v5,9000,15,a"]) + "\n")
     out = report.main([str(bench), "--out", str(tmp_path / "r"), "--reference-curves", str(curves)])
     text = (out / "report.md").read_text()
     pong = text.split("## Pong-v5")[1].splitlines()
