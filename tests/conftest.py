@@ -59,14 +59,39 @@ def one_thread(env: dict | None) -> dict:
     return env
 
 
-def run_algorithm(name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEOUT, check: bool = True, env=None):
-    """Run algorithms/<name>.py in cwd (its runs/ lands there) and return the CompletedProcess. A run that ends well
-    passes check_run (finite logs, a saved model that trained), whatever else its test asserts."""
-    cmd = [sys.executable, str(ROOT / "algorithms" / f"{name}.py"), *args]
-    started = time.time()
-    proc = forked.run(cmd, cwd, one_thread(env), timeout)  # the same run, less the seconds of imports (tests/forked.py)
+def run_script(
+    script: Path, *args: str, cwd: Path, timeout: float = SMOKE_TIMEOUT, check: bool = True, env=None, fork: bool = True
+) -> subprocess.CompletedProcess:
+    """Run `python script *args` in cwd and return the CompletedProcess: forked from the server (tests/forked.py), the
+    same run less the seconds of imports, or with fork=False a real subprocess. With check, it must exit 0; whatever
+    its exit, a run that exits 0 printed no traceback (an error caught and printed, or one at shutdown, which Python
+    prints and exits 0 after)."""
+    cmd = [sys.executable, str(script), *args]
+    environment = one_thread(env)
+    if fork:
+        proc = forked.run(cmd, cwd, environment, timeout)
+    else:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=environment)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if proc.returncode == 0:
+        printed = [line for line in proc.stderr.splitlines() if any(start in line for start in TRACEBACKS)]
+        assert not printed, f"{' '.join(cmd)} exited 0 and printed {printed[0]!r}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+# How Python starts a traceback it prints: an uncaught or printed error, and one in a __del__, thread or exit handler
+TRACEBACKS = ("Traceback (most recent call last)", "Exception ignored in", "Exception in thread")
+
+
+def run_algorithm(
+    name: str, *args: str, cwd: Path, timeout: float = SMOKE_TIMEOUT, check: bool = True, env=None, fork: bool = True
+):
+    """Run algorithms/<name>.py in cwd (its runs/ lands there; run_script: forked unless fork=False) and return the
+    CompletedProcess. A run that ends well printed no traceback and passes check_run (finite logs, a saved model that
+    trained), whatever else its test asserts."""
+    started = time.time()
+    proc = run_script(ROOT / "algorithms" / f"{name}.py", *args, cwd=cwd, timeout=timeout, check=check, env=env, fork=fork)
     if proc.returncode == 0 and (cwd / "runs").is_dir():
         for run_dir in run_dirs(cwd):
             if run_dir.stat().st_mtime >= started - 1:
@@ -160,14 +185,15 @@ def stop_run(name: str, *args: str, cwd: Path, at: int, sig: int = signal.SIGTER
     return out
 
 
-def seeded_runs(name: str, seeds, cwd: Path, *flags: str, tags=(), read=None, env=None) -> list:
+def seeded_runs(name: str, seeds, cwd: Path, *flags: str, tags=(), read=None, env=None, real=()) -> list:
     """Run algorithms/<name>.py once per seed (exp names s0, s1, ...) and return, for each run, read(run_dir), or by
     default the logged values of each of tags. On the CPU (--no-cuda) whatever the machine has: the callers compare
-    runs to the bit, which only the CPU repeats (CUDA kernels are not bit-deterministic)."""
+    runs to the bit, which only the CPU repeats (CUDA kernels are not bit-deterministic). The runs whose indices are in
+    real take a real subprocess, the others are forked (tests/forked.py)."""
     read = read or (lambda run: [values(run, t) for t in tags])
     runs = []
     for i, seed in enumerate(seeds):
-        run_algorithm(name, "--seed", str(seed), "--exp-name", f"s{i}", CPU, *flags, cwd=cwd, env=env)
+        run_algorithm(name, "--seed", str(seed), "--exp-name", f"s{i}", CPU, *flags, cwd=cwd, env=env, fork=i not in real)
         runs.append(read(next((cwd / "runs").glob(f"*__s{i}__*"))))
     return runs
 

@@ -8,6 +8,7 @@ another thread count, or one that a test runs under torchrun or with --compile (
 a real subprocess: see can_fork."""
 
 import atexit
+import ctypes
 import json
 import multiprocessing
 import os
@@ -23,6 +24,10 @@ from multiprocessing import forkserver
 
 # what a run imports that costs time (python -X importtime: torch and torch._dynamo about 0.9 s of a 2.5 s start)
 PRELOAD = ["torch", "torch._dynamo", "numpy", "gymnasium", "tyro", "torch.utils.tensorboard", "envpool", "forked"]
+# Seconds a run's shutdown may take, once its script has ended (the interpreter joining threads, running exit handlers:
+# well under one on the development machine), and the exit status of one that takes longer
+SHUTDOWN_LIMIT = 10.0
+SHUTDOWN_HUNG = 124
 _context = None
 _base_path: list[str] = []
 
@@ -87,7 +92,8 @@ class Started:
         self._tmp = tempfile.TemporaryDirectory()
         self._out, self._err = (os.path.join(self._tmp.name, name) for name in ("out", "err"))
         open(self._out, "w").close()
-        self._child = context().Process(target=main, args=(cmd[1], cmd[2:], str(cwd), env, self._out, self._err, _base_path))
+        where = (cmd[1], cmd[2:], str(cwd), env, self._out, self._err, _base_path, SHUTDOWN_LIMIT)
+        self._child = context().Process(target=main, args=where)
         self._child.start()
         self.args, self.pid, self.returncode = cmd, self._child.pid, None
         self._reader = open(self._out, errors="replace")
@@ -131,7 +137,7 @@ class Started:
         return stdout, None
 
 
-def main(script: str, args: list[str], cwd: str, env: dict, out: str, err: str, base_path: list[str]) -> None:
+def main(script: str, args: list[str], cwd: str, env: dict, out: str, err: str, base_path: list[str], limit: float) -> None:
     """The child: the script as __main__, as `python script *args` runs it in cwd with env, and its exit."""
     for fd, path in ((1, out), (2, err)):
         opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -162,9 +168,23 @@ def main(script: str, args: list[str], cwd: str, env: dict, out: str, err: str, 
     except BaseException:
         traceback.print_exc()
         code = 1
-    # what the interpreter does at exit: wait for the threads that are not daemons, then the exit handlers
+    # what the interpreter does at exit: wait for the threads that are not daemons, then the exit handlers; where a real
+    # one would wait for ever, the child ends after `limit` seconds, saying what it waited for
+    threading.Thread(target=hung, args=(limit,), daemon=True).start()
     threading._shutdown()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code & 0xFF)
+    # the C library's exit, as the interpreter's last step: the exit handlers of the libraries the run loaded (C++
+    # destructors among them, where a crash at exit happens) run here too; os._exit, multiprocessing's, skips them
+    ctypes.CDLL(None).exit(code & 0xFF)
+
+
+def hung(limit: float) -> None:
+    """The child's end, `limit` seconds into its shutdown: a thread that is not a daemon and never ends (or an exit handler
+    that never returns) would keep a real interpreter, and the test waiting on it, there for ever."""
+    time.sleep(limit)
+    waiting = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    what = f"the threads {waiting}, which are not daemons," if waiting else "an exit handler"
+    os.write(2, f"forked.py: the script had ended, and {what} still ran {limit} s later; Python waits for them\n".encode())
+    os._exit(SHUTDOWN_HUNG)
