@@ -2,11 +2,14 @@
 every file that runs gymnasium envs: what went bad, where, and the checkpoint still on disk with the command that
 resumes from it; exit status 1, no traceback, and no NaN or inf in any checkpoint or model under the run folder."""
 
+import re
 import shlex
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 
 from conftest import CPU, ROOT, SMOKE_FLAGS, load_algorithm, load_file, one_thread, only_run, run_algorithm
 
@@ -20,12 +23,15 @@ RUNS = {
     "qlearning": ["--total-timesteps", "2048", "--checkpoint-every", "512"],
 }
 BAD_FROM = "1200"  # env steps of the process, over every env; es.py's generations take 16 x 50
+ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
 
 
-def run(name: str, env_id: str, cwd, test_env: dict, *flags: str, **variables: str):
+def run(name: str, env_id: str, cwd, test_env: dict, *flags: str, checkpoints: bool = True, **variables: str):
+    """The file's short run on env_id; without checkpoints, --checkpoint-every 0 in place of RUNS's last two flags."""
     env = {**test_env, "BAD_FROM": BAD_FROM, **variables}
     box = "Box" if name == "ddpg_td3" else ""
-    args = ["--env-id", f"bad_data_envs:{env_id}{box}-v0", *RUNS[name], "--progress-interval", "0", CPU, *flags]
+    own = RUNS[name] if checkpoints else [*RUNS[name][:-2], "--checkpoint-every", "0"]
+    args = ["--env-id", f"bad_data_envs:{env_id}{box}-v0", *own, "--progress-interval", "0", CPU, *flags]
     return run_algorithm(name, *args, cwd=cwd, check=False, env=env)
 
 
@@ -61,15 +67,40 @@ def test_bad_env_data_stops_at_its_step_and_the_checkpoint_before_resumes(name, 
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_training_that_turns_non_finite_stops_before_anything_is_saved_from_it(name, tmp_path, test_env):
+def test_training_that_turns_non_finite_is_stopped_by_the_loop(name, tmp_path, test_env):
     """Rewards of 1e30 overflow the float32 losses; qlearning.py's table is float64, so there they are 1e307 (and numpy's
     own overflow warning from the episode's return is let be); es.py's centred ranks make it immune to the reward's
-    scale, so there the learning rate is made absurd instead, from the start."""
+    scale, so there the learning rate is made absurd instead, from the start. No checkpoints (--checkpoint-every 0):
+    the line must come from the loop's own check, not from the backstop in the checkpoint's write (the test below),
+    which with checkpoints on refuses the first non-finite one at the very step the loop's check would stop."""
     variables = dict(HUGE="1e307", PYTHONWARNINGS="ignore::RuntimeWarning") if name == "qlearning" else {}
     variables = dict(BAD_FROM="0") if name == "es" else variables
     flags = ["--learning-rate", "1e30"] if name == "es" else []
-    proc = run(name, "HugeReward", tmp_path, test_env, *flags, **variables)
-    one_line_and_clean_files(name, proc, tmp_path, ("training turned non-finite", "holds a NaN or inf"))
+    proc = run(name, "HugeReward", tmp_path, test_env, *flags, checkpoints=False, **variables)
+    line = one_line_and_clean_files(name, proc, tmp_path, ("training turned non-finite at step",))
+    assert not list(tmp_path.rglob("*.pt")), line
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_the_checkpoint_backstop_refuses_a_nan_or_inf_and_writes_nothing(name, tmp_path):
+    """The last guard, under the loop's checks: a checkpoint or model whose state holds a NaN or inf anywhere (a weight,
+    an optimiser's moment, a numpy statistic) is not written, and the error names the first such entry."""
+    m = load_algorithm(name)
+    args = m.parse_args(["--no-cuda"])
+    sound = dict(global_step=5, model={"w": torch.ones(3)}, optimizer={"state": {0: {"exp_avg": torch.zeros(3)}}})
+    bad = {
+        "model.w": dict(sound, model={"w": torch.tensor([1.0, float("nan"), 1.0])}),
+        "optimizer.state.0.exp_avg": dict(sound, optimizer={"state": {0: {"exp_avg": torch.tensor([float("inf")])}}}),
+        "obs_rms.1": dict(sound, obs_rms=[np.zeros(2), np.array([1.0, -np.inf])]),
+    }
+    for entry, state in bad.items():
+        for kind in ("checkpoint", "model"):
+            expected = rf"^{re.escape(entry)} holds a NaN or inf at step 5, so no {kind} was written from it$"
+            with pytest.raises(m.NonFinite, match=expected):
+                m.save_checkpoint(str(tmp_path / "checkpoint.pt"), kind, args, str(tmp_path), **state)
+    assert not list(tmp_path.iterdir())
+    m.save_checkpoint(str(tmp_path / "checkpoint.pt"), "checkpoint", args, str(tmp_path), **sound)
+    assert load_file(tmp_path / "checkpoint.pt")["global_step"] == 5
 
 
 def test_under_torchrun_the_process_that_meets_it_says_so_and_the_job_ends(tmp_path, test_env):
