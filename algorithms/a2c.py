@@ -4,8 +4,13 @@ Reading guide: the algorithm comes first, down to the line `# The algorithm ends
 the update step and main, the training loop. Below it: this file's machinery (presets, envs, recurrent and torchrun
 helpers, evaluation, checks, start_run and end_run), then the run plumbing all eight files share. Flags: docs/a2c.md."""
 
+import os
 from dataclasses import dataclass
 from typing import Literal
+
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
+# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np

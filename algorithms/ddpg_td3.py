@@ -6,9 +6,14 @@ delayed actor updates, and main, the training loop. Below that line: this file's
 buffer, evaluation, storage, argument checks, start_run and end_run), then the run plumbing all eight files share.
 """
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Literal
+
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
+# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np

@@ -5,9 +5,14 @@ line `# The algorithm ends here`; below it, this file's machinery (presets, envs
 start_run and end_run), then the run plumbing all eight algorithm files share.
 """
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Literal
+
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
+# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np

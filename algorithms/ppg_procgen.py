@@ -4,9 +4,14 @@ Reading guide: from here to the line `# The algorithm ends here`, the algorithm 
 both phases' updates, `main`); below it, this file's machinery (presets, envs, checks, torchrun, evaluation, checkpoints,
 start_run, end_run), then the run plumbing all eight files share. More in docs/ppg_procgen.md."""
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Literal
+
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
+# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np

@@ -9,6 +9,10 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
+# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np
 import torch
 import tyro

@@ -6,8 +6,13 @@ this file's machinery (envs, statistics, memory, torchrun, evaluation, checks, s
 plumbing that all eight files share. docs/rnd_ppo.md says where each default and detail comes from.
 """
 
+import os
 from dataclasses import dataclass
 from typing import Literal
+
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
+# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np

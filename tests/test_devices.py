@@ -1,12 +1,16 @@
-"""Devices: a checkpoint written on CUDA resumes on a CPU-only machine, and es.py's processes find a device each under
-torchrun whatever the number of GPUs. Runs on a CPU (the CUDA side is simulated: see cuda_tagged)."""
+"""Devices: a checkpoint written on CUDA resumes on a CPU-only machine, es.py's processes find a device each under
+torchrun whatever the number of GPUs, and torch's OpenMP threads sleep while they wait. Runs on a CPU (the CUDA side is
+simulated: see cuda_tagged)."""
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import CPU, load_algorithm, load_file, only_run, run_algorithm, scalars
+from conftest import CPU, ROOT, load_algorithm, load_file, only_run, run_algorithm, scalars
 
 es = load_algorithm("es")
 
@@ -66,3 +70,19 @@ def test_each_torchrun_process_gets_a_device_that_exists(device, local_rank, loc
 def test_the_first_line_of_a_run_names_the_device(tmp_path):
     proc = run_algorithm("ppo", "--env-id", "CartPole-v1", "--total-timesteps", "512", CPU, cwd=tmp_path)
     assert proc.stdout.splitlines()[0] == f"ppo.py: training on cpu (1 thread), torch {torch.__version__}"
+
+
+@pytest.mark.parametrize(
+    "name, policy, spin",
+    [(p.stem, None, "0") for p in sorted((ROOT / "algorithms").glob("*.py"))] + [("ppo", "ACTIVE", "30000000000")],
+)
+def test_openmp_threads_wait_passively_unless_the_user_says_otherwise(name, policy, spin):
+    """A spinning OpenMP thread takes a busy machine's core from threads that have work (docs/speed.md): each file asks
+    libgomp to sleep at once (GOMP_SPINCOUNT 0; 300,000 spins by default) before torch loads it, and keeps a policy the
+    user set. OMP_DISPLAY_ENV makes libgomp print what it read as it loads."""
+    env = {k: v for k, v in os.environ.items() if k not in {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}}
+    env = {**env, "OMP_DISPLAY_ENV": "VERBOSE", **({"OMP_WAIT_POLICY": policy} if policy else {})}
+    script = ROOT / "algorithms" / f"{name}.py"
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"GOMP_SPINCOUNT = '{spin}'" in proc.stderr
