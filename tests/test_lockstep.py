@@ -1,10 +1,12 @@
 """benchmark/studies/lockstep.py without CleanRL: its scripted env against the envpool API each side calls, and the
 harness run on ppo.py against copies of itself: an unchanged copy matches to the bit (the same data, weights and draws
 reach both sides), a planted change in the loss is reported as DIFFERS at the first step, and a network of another shape
-is refused before its weights are copied. Also the pieces the DQN and TD3 pairs add: CleanRL's twin critics laid out
-as ours' batched ones, the layers a ReLU's kink may reach, and the stacked frames of the Atari DQN pair; and those of
-the PPG and RND pairs: procgen's frames as each side reads them, the edits and replaced functions that make ours'
-departures CleanRL's, one optimiser over two modules, and RND's fixed target network."""
+is refused before its weights are copied; and the study's own check of itself: at its pushed learning rate the ratio,
+the value change and the gradient norm pass their clips, and its planted one-sided policy clip is reported as differing
+(each pair's planted change still finds its line in ours). Also the pieces the DQN and TD3 pairs add: CleanRL's twin
+critics laid out as ours' batched ones, the layers a ReLU's kink may reach, and the stacked frames of the Atari DQN
+pair; and those of the PPG and RND pairs: procgen's frames as each side reads them, the edits and replaced functions
+that make ours' departures CleanRL's, one optimiser over two modules, and RND's fixed target network."""
 
 import shutil
 import sys
@@ -109,6 +111,47 @@ def test_a_planted_change_in_the_loss_differs_at_the_first_step(reference, tmp_p
     script = planted(tmp_path, "planted", "v_loss = 0.5 * masked_mean(torch.max(", "v_loss = 0.55 * masked_mean(torch.max(")
     line = ours(script, reference, tmp_path)
     assert line.startswith("ppo-atari: DIFFERS at step 1, "), line
+
+
+# CartPole, 4 envs x 32 steps, 4 epochs of 2 minibatches at ten times the classic preset's learning rate: 8 optimiser
+# steps a rollout, enough for the ratio to leave the clip range (the study's push, on a smaller rollout)
+CLASSIC = "--env-id CartPole-v1 --num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 4 --learning-rate 0.0025"
+CLASSIC = [*CLASSIC.split(), "--total-timesteps", "128", "--no-cuda"]
+
+
+def test_the_planted_one_sided_policy_clip_differs_where_the_scenario_reaches_the_clips(tmp_path):
+    """The study's planted change of ppo.py's clip (PLANTED, the PPO pairs') against an unchanged copy: the pushed
+    scenario takes the ratio, the value change and the gradient norm past their clips (install_reach), and the planted
+    copy is reported as differing, stopping there. At the preset's own learning rate the ratio never leaves its range
+    and the planted change matches: a match then says nothing about the clip."""
+    (tmp_path / "copy").mkdir()
+    shutil.copy(ROOT / "algorithms" / "ppo.py", tmp_path / "copy" / "ppo.py")
+    record = tmp_path / "reference.pt"
+    failed = lockstep.side_process("reference", "ppo-classic", tmp_path / "copy" / "ppo.py", CLASSIC, record, None, "")
+    assert not failed, failed
+    reach = torch.load(record, weights_only=True)["reach"]
+    (ratio_out, ratio_all), (value_out, value_all) = reach["clamps"][(0.8, 1.2)], reach["clamps"][(-0.2, 0.2)]
+    assert ratio_all == value_all == 128 * 4 and ratio_out > 0 and value_out > 0, lockstep.reach_text(reach)
+    assert any(norm > bound for norm, bound in reach["norms"]) and len(reach["norms"]) == 8, reach["norms"]
+    script, mine = ROOT / "algorithms" / "ppo.py", tmp_path / "planted.pt"
+    failed = lockstep.side_process("ours", "ppo-classic", script, CLASSIC, mine, record, "", plant=True)
+    assert not failed, failed
+    line = lockstep.pair_line("ppo-classic", mine, record)
+    assert line.startswith("ppo-classic: DIFFERS at step "), line
+    assert torch.load(mine, weights_only=True)["stopped"]  # at the first difference, not after all 8 steps
+
+
+@pytest.mark.parametrize("pair", list(lockstep.PLANTED))
+def test_each_planted_change_still_edits_ours_where_it_expects(pair):
+    """Each pair's planted change, on ours with the pair's departures made CleanRL's as the study runs it: a change to
+    ours' file that moves the planted line is caught here rather than in the study."""
+    script = ROOT / "algorithms" / lockstep.PAIRS[pair][1][0]
+    text = lockstep.patched(script.read_text(), list(lockstep.PAIRS[pair][3].get("departures", ())))
+    edited = lockstep.planted(text, pair)
+    assert edited != text
+    compile(edited, str(script), "exec")
+    with pytest.raises(SystemExit, match="to plant"):
+        lockstep.planted(edited, pair)
 
 
 def test_a_network_of_another_shape_is_refused_before_its_weights_are_copied(reference, tmp_path):

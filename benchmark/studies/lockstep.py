@@ -42,15 +42,27 @@ memory (ppo-lstm) there is a third, where the memory is zeroed, made CleanRL's b
 replay pairs have no second scenario: CleanRL's replay files read gymnasium 0.29's same-step autoreset (the final
 observation in the step's info), which this next-step scripted env does not stand in for.
 
+A match says nothing about a detail the data never reaches: at the presets' learning rates no ratio leaves PPO's clip
+range in two iterations, so a clip made one-sided, doubled or removed matched too. So the first scenario of each PPO
+pair (ppo.py's four, PPG, RND) runs at a larger learning rate on both sides (spec["push"]), which takes the policy
+ratio, the value change and the gradient norm past their clips; the second keeps each side's defaults. Each side's run
+records how far it reaches into its clips (install_reach: the share of each clamp's inputs outside its bounds, the
+gradient norms against their bound), and the table gives the reference's. And the study checks itself: in the first
+scenario, ours runs once more with a change of the detail that defines the pair's algorithm planted in its copy
+(PLANTED: PPO's policy clip, A2C's critic baseline, DQN's and DDPG's target networks, TD3's clipped smoothing noise,
+PPG's behaviour-cloning term, RND's intrinsic reward), stopping at the first step that differs; a planted change that
+matches fails the study.
+
 Each side runs in a child process of this script (`--side`), which installs the stand-ins and records what it
 compares; this process compares the two records. CleanRL's Atari files need gym 0.23 on the path, and the A2C pair
 Stable-Baselines3 (a2c.py has no CleanRL counterpart; SB3's A2C is the reference its docs page reproduces), both in
 --deps: `pip install --target /tmp/cleanrl_deps --no-deps gym==0.23.1 gym_notices stable-baselines3==2.4.1
-cloudpickle pandas python-dateutil tzdata`. Prints one line per pair and `N of M pairs match`; exits 0 only when
-every pair matches. The reference side writes each step's tensors to a file of its own as it takes the step, and
-ours' side maps each file from disk as it reaches that step and compares at once, keeping only the verdict: neither
-holds the steps in memory, which for the Atari DQN pair are about 10 GB (500 steps of the Nature CNN and Adam's two
-moments; as much temporary disk). All pairs: about 10 minutes on 2 cores with another run beside them.
+cloudpickle pandas python-dateutil tzdata`. Prints one line per pair, what its reference reached of its clips and
+its planted change's verdict, then `N of M pairs match; K of L planted changes differ`; exits 0 only when every pair
+matches and every planted change differs. The reference side writes each step's tensors to a file of its own as it
+takes the step, and ours' side maps each file from disk as it reaches that step and compares at once, keeping only
+the verdict: neither holds the steps in memory, which for the Atari DQN pair are about 10 GB (500 steps of the Nature
+CNN and Adam's two moments; as much temporary disk). All pairs: about 10 minutes on 2 cores with another run beside them.
 """
 
 import argparse
@@ -92,7 +104,7 @@ PAIRS = {
         "ppo.py Breakout-v5 (atari preset) against ppo_atari_envpool.py, 8 envs x 128 steps, 2 iterations",
         ["ppo.py", "--env-id", "Breakout-v5", "--total-timesteps", "2048", "--no-cuda"],
         ["cleanrl/ppo_atari_envpool.py", "--env-id", "Breakout-v5", "--total-timesteps", "2048", "--no-cuda"],
-        dict(obs_shape=(4, 84, 84), num_actions=4, lives=5),
+        dict(obs_shape=(4, 84, 84), num_actions=4, lives=5, push=("--learning-rate", "0.0025")),
         {"network": "trunk", "encoder": "trunk", "actor": "actor", "critic": "critic"},
         ("truncation", "reset-step"),
     ),
@@ -100,7 +112,7 @@ PAIRS = {
         "ppo.py CartPole-v1 (classic preset) against ppo.py, 4 envs x 128 steps, 2 iterations",
         ["ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-cuda"],
         ["cleanrl/ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-cuda"],
-        dict(obs_shape=(4,), num_actions=2),
+        dict(obs_shape=(4,), num_actions=2, push=("--learning-rate", "0.0025")),
         {"actor": "actor", "critic": "critic"},
         ("truncation", "reset-step"),
     ),
@@ -108,7 +120,8 @@ PAIRS = {
         "ppo.py Breakout-v5 --rnn lstm (atari preset) against ppo_atari_lstm.py, 8 envs x 128 steps, 2 iterations",
         ["ppo.py", "--env-id", "Breakout-v5", "--rnn", "lstm", "--total-timesteps", "2048", "--no-cuda"],
         ["cleanrl/ppo_atari_lstm.py", "--total-timesteps", "2048", "--no-cuda"],  # its env id is never made here
-        dict(obs_shape=(1, 84, 84), num_actions=4, lives=5),  # one frame per observation, as both files take it
+        # one frame per observation, as both files take it
+        dict(obs_shape=(1, 84, 84), num_actions=4, lives=5, push=("--learning-rate", "0.0025")),
         {"network": "trunk", "encoder": "trunk", "lstm": "memory", "memory": "memory", "actor": "actor", "critic": "critic"},
         ("truncation", "reset-step", "memory-reset"),
     ),
@@ -123,7 +136,7 @@ PAIRS = {
             "--no-cuda",
         ],
         # single_envs: CleanRL normalises inside each env (gymnasium's wrappers), under gymnasium's SyncVectorEnv
-        dict(obs_shape=(11,), action_dim=3, single_envs=True),
+        dict(obs_shape=(11,), action_dim=3, single_envs=True, push=("--learning-rate", "0.01")),
         {"actor": "actor", "actor_mean": "actor", "actor_logstd": "actor", "critic": "critic"},
         ("truncation", "reset-step", "norm-restart", "norm-reset-step"),
     ),
@@ -215,6 +228,7 @@ PAIRS = {
             obs_shape=(3, 64, 64),
             num_actions=15,
             procgen=True,
+            push=("--learning-rate", "0.0015"),
             departures=("one-adam", "stale-grad", "adv-std"),
             stop_early=True,
         ),  # fmt: skip
@@ -246,6 +260,7 @@ PAIRS = {
             lives=5,
             fixed="target",
             predicted=0.25,
+            push=("--learning-rate", "0.001"),
             departures=(
                 "policy-conv",
                 "policy-residual",
@@ -331,6 +346,50 @@ TEXT_PATCHES = {
          "update_frame_stats(obs_rms, obs[:, :, -1:].flatten(0, 1), world_size=args.world_size)\n            _,", 1),
         ("frames=frames.flatten(0, 1),", "frames=obs[:, :, -1:].flatten(0, 1),", 1),
     ],
+}  # fmt: skip
+# A change of the detail that defines each pair's algorithm, planted in a copy of ours ((old, new, how many times old
+# occurs), as TEXT_PATCHES), with any departures made CleanRL's: ours must then differ from the reference, or the pair's
+# data does not reach that detail and its match says nothing about it. The study fails where a planted change matches.
+POLICY_CLIP = (
+    "the policy ratio's clip made one-sided (no lower bound)",
+    [("-advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)", "-advantages * ratio.clamp(max=1 + clip_coef)", 1)],
+)
+DQN_TARGET = (
+    "the TD target from the online network, not the target network",
+    [("td_target(rewards, terminations, target_network(next_obs),",
+      "td_target(rewards, terminations, q_network(next_obs),", 1)],
+)  # fmt: skip
+PLANTED = {
+    "ppo-atari": POLICY_CLIP,
+    "ppo-classic": POLICY_CLIP,
+    "ppo-lstm": POLICY_CLIP,
+    "ppo-continuous": POLICY_CLIP,
+    "a2c": (  # A2C has no clip: its defining detail is the critic's baseline in the policy gradient
+        "the policy gradient weighted by the return, not the advantage (no critic baseline)",
+        [("pg_loss = masked_mean(-advantages.detach() * logprob, mask)",
+          "pg_loss = masked_mean(-returns * logprob, mask)", 1)],
+    ),
+    "dqn-classic": DQN_TARGET,
+    "dqn-atari": DQN_TARGET,
+    "td3": (
+        "the target policy smoothing noise left unclipped",
+        [("(next_actions + noise.clamp(-noise_clip, noise_clip) * action_scale)", "(next_actions + noise * action_scale)", 1)],
+    ),
+    "ddpg": (
+        "the TD target from the online critic, not the target critic",
+        [("td_target(rewards, terminations, target_critic(next_obs, next_actions),",
+          "td_target(rewards, terminations, critic(next_obs, next_actions),", 1)],
+    ),
+    "ppg": (
+        "the auxiliary phase's behaviour-cloning term dropped",
+        [("return sums[0] + beta_clone * sums[1] + vf_true_weight * sums[2],",
+          "return sums[0] + vf_true_weight * sums[2],", 1)],
+    ),
+    "rnd": (
+        "the intrinsic reward left out of the advantages",
+        [("advantages=(args.ext_coef * ext_advantages + args.int_coef * int_advantages)",
+          "advantages=(args.ext_coef * ext_advantages)", 1)],
+    ),
 }  # fmt: skip
 # the order both sides' parameters are recorded and copied in (CleanRL's ppo.py makes its critic first, ours its actor):
 # by role, then by position within the role
@@ -610,6 +669,15 @@ def patched(text: str, same: list[str]) -> str:
     return text
 
 
+def planted(text: str, pair: str) -> str:
+    """Ours' source with the pair's PLANTED change made, where it is expected."""
+    for old, new, times in PLANTED[pair][1]:
+        if text.count(old) != times:
+            raise SystemExit(f"lockstep.py: error: ours no longer has {old!r} {times} time(s), to plant {PLANTED[pair][0]}")
+        text = text.replace(old, new)
+    return text
+
+
 def make_same(names: dict, same: list[str]) -> None:
     """Ours' module globals (names) with the differences in `same` made CleanRL's way, on the functions they live in
     (the rest are TEXT_PATCHES of ours' source)."""
@@ -834,13 +902,61 @@ def install_replay_draws(spec: dict, pools: list, counts: dict, below: int) -> N
     np.random.default_rng = rng
 
 
+def install_reach(reach: dict) -> None:
+    """Records how far the run reaches into its clip ranges, in `reach`: for each clamp between two numbers (PPO's
+    ratio, 1 - clip_coef to 1 + clip_coef; its value change, -clip_coef to clip_coef; TD3's smoothing noise), how many
+    elements fell outside, of how many ("clamps"); for each gradient-norm clip, the norm before it and the bound
+    ("norms"). A clip that nothing reaches is not tested by a match: its change would leave every step as it was."""
+    import numbers
+
+    clamps, norms = reach.setdefault("clamps", {}), reach.setdefault("norms", [])
+
+    def counting(clamp):
+        def counted(x, min=None, max=None, *args, **kwargs):
+            bounds = (min, max)
+            if all(isinstance(b, numbers.Real) and not isinstance(b, bool) for b in bounds) and x.is_floating_point():
+                seen = clamps.setdefault((round(float(min), 6), round(float(max), 6)), [0, 0])
+                seen[0] += int(((x < min) | (x > max)).sum())
+                seen[1] += x.numel()
+            return clamp(x, min, max, *args, **kwargs)
+
+        return counted
+
+    for owner in (torch, torch.Tensor):
+        for name in ("clamp", "clip"):
+            setattr(owner, name, counting(getattr(owner, name)))
+    clip_grad_norm = torch.nn.utils.clip_grad_norm_
+
+    def clip_recorded(parameters, max_norm, *args, **kwargs):
+        norm = clip_grad_norm(parameters, max_norm, *args, **kwargs)
+        norms.append((float(norm), float(max_norm)))
+        return norm
+
+    torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad.clip_grad_norm_ = clip_recorded
+
+
+def reach_text(reach: dict) -> str:
+    """What a record's run reached of its clips (install_reach), in words; '' where it has none."""
+    words = []
+    for (low, high), (outside, total) in sorted(reach.get("clamps", {}).items()):
+        if total:
+            words.append(f"[{low:g}, {high:g}] left by {outside / total:.1%} of {total:,} values")
+    norms = reach.get("norms", [])
+    if norms:
+        over = sum(norm > bound for norm, bound in norms)
+        largest = max(norm for norm, _ in norms)
+        words.append(f"gradient norm over {norms[0][1]:g} in {over} of {len(norms)} steps (largest {largest:.3g})")
+    return "; ".join(words)
+
+
 def run_side(side: str, pair: str, script: str, flags: list[str], record: str, start: str | None, ends: bool = False,
-             same: list[str] = ()) -> None:  # fmt: skip
+             same: list[str] = (), plant: bool = False) -> None:  # fmt: skip
     """Runs `script` (as __main__, with flags) with the stand-ins; writes to `record` the optimised parameters' names,
     their initial values and, after every optimiser step, the parameters and the optimiser's moments (the reference: to a file
     of the step's own beside `record`; ours: its verdict against the reference's) and the minibatch's loss.
     With `start` (the reference's record), the parameters are set to its initial values before the first step. With
-    `ends`, episodes end (scripted_ends); `same` (ours only) makes those DIFFERENCES CleanRL's (make_same)."""
+    `ends`, episodes end (scripted_ends); `same` (ours only) makes those DIFFERENCES CleanRL's (make_same); `plant`
+    (ours only) plants the pair's PLANTED change, and ours stops at the first step that differs."""
     import envpool
 
     spec, roles = dict(PAIRS[pair][3], ends=ends), PAIRS[pair][4]
@@ -905,6 +1021,7 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     # per optimiser, in the order they are made: its tensors' (role, shape), layers, initial values; each step: (the
     # optimiser's number, its parameters, its moments), all in the reference's layout (ours is it, or a permutation)
     out = {"names": [], "layers": [], "optimisers": [], "initial": [], "steps": [], "losses": []}
+    install_reach(out.setdefault("reach", {}))
     if start is not None:
         out["checked"] = []  # ours: each step's verdict against the reference's (compare_step), in place of its tensors
     # each of the reference's steps mapped from disk as ours reaches it, not read in: the Atari DQN pair's are about
@@ -997,6 +1114,11 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
                 with torch.no_grad():
                     for tensor, value in zip(layout(params) + moments, theirs[1] + theirs[2], strict=True):
                         tensor.copy_(value)
+            loss, theirs_loss = out["losses"][-1], reference["losses"][len(out["steps"]) - 1]
+            found = out["checked"][-1][2] or not abs(loss - theirs_loss) <= TOLERANCE * (1 + abs(theirs_loss))
+            if plant and found:  # a planted change, found: the steps after it tell no more
+                out["stopped"] = True
+                raise SystemExit(0)
         if spec.get("stop_early") and len(out["steps"]) == len(reference["steps"]):
             raise SystemExit(0)  # ours has taken the reference's steps; what it does next, the reference does not
 
@@ -1012,12 +1134,13 @@ def run_side(side: str, pair: str, script: str, flags: list[str], record: str, s
     torch.Tensor.backward = recorded_backward
     sys.argv = [script, *flags]
     try:
-        if same:  # ours imported (its definitions), patched, then its main as its `if __name__ == "__main__"` calls it
+        if same or plant:  # ours imported (its definitions), edited, then its main as its `if __name__ == "__main__"` calls it
             import importlib.util
 
             found = importlib.util.spec_from_file_location("lockstep_ours", script)
             sys.modules["lockstep_ours"] = module = importlib.util.module_from_spec(found)
-            exec(compile(patched(Path(script).read_text(), same), script, "exec"), vars(module))
+            text = patched(Path(script).read_text(), same)
+            exec(compile(planted(text, pair) if plant else text, script, "exec"), vars(module))
             make_same(vars(module), same)
             module.run_main(module.main, module.parse_args())
         else:
@@ -1040,10 +1163,11 @@ def compare(ours: dict, reference: dict) -> tuple[float, int, int, str | None]:
     the layers below. Ours goes on from the reference's values after each step (run_side), so such a step leaves
     nothing behind. A change of the maths moves the loss, more than one unit of the highest layer it reaches, a
     one-unit head (a value or a Q-value), or layers of two roles."""
-    if len(ours["steps"]) != len(reference["steps"]) or not reference["steps"]:
+    stopped = ours.get("stopped")  # ours stopped at the step where it first differed (a planted change): those compared
+    if (len(ours["steps"]) != len(reference["steps"]) and not stopped) or not reference["steps"]:
         return float("nan"), 0, 0, f"{len(ours['steps'])} optimiser steps against the reference's {len(reference['steps'])}"
     worst, kinks = 0.0, 0
-    for k, (mine, theirs) in enumerate(zip(ours["steps"], reference["steps"], strict=True), 1):
+    for k, (mine, theirs) in enumerate(zip(ours["steps"], reference["steps"], strict=not stopped), 1):
         # ours' side compares each step as it makes it (run_side); a record that kept its tensors is compared here
         step_worst, kinked, mismatch = (
             ours["checked"][k - 1] if "checked" in ours else compare_step(k, mine, theirs, reference)
@@ -1093,7 +1217,7 @@ def compare_step(k: int, mine: tuple, theirs: tuple, reference: dict) -> tuple[f
 
 
 def side_process(side: str, pair: str, script: Path, flags: list[str], record: Path, start: Path | None, deps: str,
-                 ends: bool = False, same: list[str] = ()) -> str:  # fmt: skip
+                 ends: bool = False, same: list[str] = (), plant: bool = False) -> str:  # fmt: skip
     """One side in a child process (run_side) in a folder of its own; '' when it ran, else its last line."""
     cleanrl_utils = [str(Path(script).parent.parent)] if side == "reference" else []  # the tree CleanRL's file is in
     paths = [deps, *cleanrl_utils, os.environ.get("PYTHONPATH", "")]
@@ -1101,6 +1225,7 @@ def side_process(side: str, pair: str, script: Path, flags: list[str], record: P
     env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, __file__, "--side", side, "--pair", pair, "--script", str(script), "--record", str(record)]
     cmd += (["--start", str(start)] if start else []) + (["--ends"] if ends else []) + (["--same", *same] if same else [])
+    cmd += ["--plant"] if plant else []
     with tempfile.TemporaryDirectory() as cwd:
         proc = subprocess.run([*cmd, "--", *flags], cwd=cwd, env=env, capture_output=True, text=True)
     return "" if proc.returncode == 0 else (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
@@ -1127,10 +1252,38 @@ def write_reference(path: str, tree: Path, clone: str | None) -> Path:
     return write_ported(path, tree, clone, cache)
 
 
-def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> str:
-    """Scenario 1, no episode ends: both sides, the reference first (ours starts from its weights); the pair's line.
-    A pair whose files depart from each other even so (spec["departures"]) is run as run_departures does."""
+def commands(pair: str, ends: bool) -> tuple[list[str], list[str]]:
+    """Ours' command and the reference's for a scenario: the first with the pair's push (both sides' flags that drive
+    its clips), the second, with episode ends, as PAIRS has them (each side's defaults)."""
     _, our_cmd, cleanrl, spec, _, _ = PAIRS[pair]
+    push = [] if ends else list(spec.get("push", ()))
+    return our_cmd + push, cleanrl + push
+
+
+def run_plant(pair: str, tree: Path, deps: str, ours: Path, reference: Path, same: list[str] = ()) -> str:
+    """Ours with the pair's PLANTED change (and the departures in `same` made CleanRL's) against the reference's record:
+    where it first differs ("DIFFERS at step ..."), else why not."""
+    our_cmd, record = commands(pair, False)[0], tree / f"{pair}_ours_planted.pt"
+    if failed := side_process("ours", pair, ours / our_cmd[0], our_cmd[1:], record, reference, deps, False, same, True):
+        return f"ours failed: {failed}"
+    mismatch = compare(*(torch.load(r, weights_only=True, mmap=True) for r in (record, reference)))[3]
+    return mismatch or "matched as well: the data does not reach it"
+
+
+def notes(pair: str, reference: Path, plant: str | None = None) -> dict:
+    """A row's notes: what the reference's run reached of its clips, and (scenario 1) the planted change's verdict."""
+    found = {"reach": reach_text(torch.load(reference, weights_only=True, mmap=True).get("reach", {})) or "no clip"}
+    if plant is not None:
+        found["planted"] = f"{PLANTED[pair][0]}: {plant}"
+        found["caught"] = plant.startswith("DIFFERS")
+    return found
+
+
+def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) -> tuple[str, dict]:
+    """Scenario 1, no episode ends: both sides, the reference first (ours starts from its weights), then ours with the
+    pair's planted change; the pair's line and its notes. A pair whose files depart from each other even so
+    (spec["departures"]) is run as run_departures does."""
+    (our_cmd, cleanrl), spec = commands(pair, False), PAIRS[pair][3]
     if spec.get("departures"):
         return run_departures(pair, tree, clone, deps, ours, False, spec["departures"])
     records = {side: tree / f"{pair}_{side}.pt" for side in ("reference", "ours")}
@@ -1140,21 +1293,23 @@ def run_pair(pair: str, tree: Path, clone: str | None, deps: str, ours: Path) ->
         ("ours", ours / our_cmd[0], our_cmd[1:], records["reference"]),
     ):
         if failed := side_process(side, pair, script, flags, records[side], start, deps):
-            return f"{pair}: the {side} side failed: {failed}"
-    return pair_line(pair, records["ours"], records["reference"])
+            return f"{pair}: the {side} side failed: {failed}", {}
+    plant = run_plant(pair, tree, deps, ours, records["reference"])
+    return pair_line(pair, records["ours"], records["reference"]), notes(pair, records["reference"], plant)
 
 
-def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Path, ends: bool, differences) -> str:
+def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Path, ends: bool, differences):
     """The reference, then ours with every one of `differences` made CleanRL's (which must match) and with each left as
     ours in turn (which must not: each difference is real and the data exercises it). Scenario 2 (ends: episodes end)
-    with DIFFERENCES at an episode's end; scenario 1 of a pair whose files differ without them (PPG)."""
-    _, our_cmd, cleanrl, spec, _, _ = PAIRS[pair]
+    with DIFFERENCES at an episode's end; scenario 1 of a pair whose files differ without them (PPG), where ours with
+    them all made CleanRL's then runs with the pair's planted change too. The line and its notes."""
+    (our_cmd, cleanrl), spec = commands(pair, ends), PAIRS[pair][3]
     always = list(spec.get("departures", ())) if ends else []  # with ends: scenario 1's departures made CleanRL's too
     where, label = ("ends", " with episode ends") if ends else ("phase", "")
     reference = tree / f"{pair}_{where}_reference.pt"
     script = write_reference(cleanrl[0], tree, clone)
     if failed := side_process("reference", pair, script, cleanrl[1:], reference, None, deps, ends=ends):
-        return f"{pair}{label}: the reference side failed: {failed}"
+        return f"{pair}{label}: the reference side failed: {failed}", {}
     results = {}
     for left in (None, *differences):  # None: all made CleanRL's; else that one left as ours
         record = tree / f"{pair}_{where}_ours_{left or 'none'}.pt"
@@ -1164,19 +1319,20 @@ def run_departures(pair: str, tree: Path, clone: str | None, deps: str, ours: Pa
             results[left] = (float("nan"), 0, 0, "DIFFERS before the first step: " + failed.split(": ", 3)[-1])
             continue
         if failed:
-            return f"{pair}{label}: ours failed: {failed}"
+            return f"{pair}{label}: ours failed: {failed}", {}
         results[left] = compare(*(torch.load(r, weights_only=True, mmap=True) for r in (record, reference)))
+    found = notes(pair, reference, None if ends else run_plant(pair, tree, deps, ours, reference, list(differences)))
     named = ", ".join(DIFFERENCES[d] for d in differences[:-1]) + f" and {DIFFERENCES[differences[-1]]}"
     named = f"{named} (beside the {len(always)} details of the first scenario)" if always else named
     worst, steps, kinks, mismatch = results[None]
     if mismatch:
-        return f"{pair}{label}, {named} made CleanRL's: {mismatch}"
+        return f"{pair}{label}, {named} made CleanRL's: {mismatch}", found
     if idle := [DIFFERENCES[d] for d in differences if results[d][3] is None]:
-        return f"{pair}{label}: leaving ours' {', '.join(idle)} changed nothing (the data does not reach it)"
+        return f"{pair}{label}: leaving ours' {', '.join(idle)} changed nothing (the data does not reach it)", found
     each = "; ".join(f"{DIFFERENCES[d]} left as ours: {results[d][3]}" for d in differences)
     kinked = f" (one unit at a ReLU's kink in {kinks})" if kinks else ""
     return (f"{pair}{label}: with {named} made CleanRL's, max difference {worst:.2g} after {steps} optimiser "
-            f"steps{kinked} ({each}): match")  # fmt: skip
+            f"steps{kinked} ({each}): match"), found  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1202,10 +1358,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start", help=argparse.SUPPRESS)
     p.add_argument("--ends", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--same", nargs="*", default=[], choices=list(DIFFERENCES), help=argparse.SUPPRESS)
+    p.add_argument("--plant", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("flags", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.side:
-        run_side(args.side, args.pair, args.script, args.flags, args.record, args.start, args.ends, args.same)
+        run_side(args.side, args.pair, args.script, args.flags, args.record, args.start, args.ends, args.same, args.plant)
         return 0
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -1215,18 +1372,28 @@ def main(argv: list[str] | None = None) -> int:
             for scenario in [k for k in args.scenarios if k == 1 or isinstance(PAIRS[pair][5], tuple)]:
                 start = time.time()
                 where = (tree, args.cleanrl, args.deps, Path(args.ours))
-                line = run_pair(pair, *where) if scenario == 1 else run_departures(pair, *where, True, PAIRS[pair][5])
-                lines.append((pair, scenario, line))
-                print(f"{lines[-1][2]} ({time.time() - start:.0f} s)", flush=True)
-    matched = sum(line.endswith(": match") for _, _, line in lines)
-    print(f"{matched} of {len(lines)} pairs match")
+                ran = run_pair(pair, *where) if scenario == 1 else run_departures(pair, *where, True, PAIRS[pair][5])
+                lines.append((pair, scenario, *ran))
+                print(f"{ran[0]} ({time.time() - start:.0f} s)", flush=True)
+                for key, label in (("reach", "clips reached"), ("planted", "planted")):
+                    if key in ran[1]:
+                        print(f"    {label}: {ran[1][key]}", flush=True)
+    matched = sum(line.endswith(": match") for _, _, line, _ in lines)
+    planted = [found.get("caught", False) for _, k, _, found in lines if k == 1]
+    summary = f"{matched} of {len(lines)} pairs match; {sum(planted)} of {len(planted)} planted changes differ"
+    print(summary)
     if args.out:
         scenarios = {1: "no episode ends", 2: "episodes end"}
-        rows = "\n".join(f"| {PAIRS[pair][0]} | {scenarios[k]} | {line.split(': ', 1)[1]} |" for pair, k, line in lines)
+        pushed = {p: f" ({' '.join(PAIRS[p][3]['push'])} on both sides)" for p in PAIRS if "push" in PAIRS[p][3]}
+        rows = "\n".join(
+            f"| {PAIRS[pair][0]} | {scenarios[k]}{pushed.get(pair, '') if k == 1 else ''} | {line.split(': ', 1)[1]} | "
+            f"{found.get('reach', '')} | {found.get('planted', '')} |"
+            for pair, k, line, found in lines
+        )
         if 2 in args.scenarios:  # the pairs without a second scenario, with why
-            ran = dict.fromkeys(pair for pair, _, _ in lines)
+            ran = dict.fromkeys(pair for pair, _, _, _ in lines)
             rows += "".join(
-                f"\n| {PAIRS[p][0]} | {scenarios[2]} | {PAIRS[p][5]} |" for p in ran if isinstance(PAIRS[p][5], str)
+                f"\n| {PAIRS[p][0]} | {scenarios[2]} | {PAIRS[p][5]} | | |" for p in ran if isinstance(PAIRS[p][5], str)
             )
         Path(args.out).write_text(
             f"# Lockstep against CleanRL at {CLEANRL_COMMIT[:8]}\n\n"
@@ -1252,10 +1419,20 @@ def main(argv: list[str] | None = None) -> int:
             "the seven details where rnd_ppo.py follows openai/random-network-distillation "
             "([docs/rnd_ppo.md](../../docs/rnd_ppo.md), detail 10). a2c.py has no CleanRL counterpart: its reference is "
             "Stable-Baselines3's A2C (2.4.1), run with its defaults by a script the study writes.\n\n"
+            "A match says nothing about a detail the data never reaches, so the study checks itself. In the first "
+            "scenario the PPO pairs (ppo.py's four, PPG and RND) run at a larger learning rate on both sides (the "
+            "scenario column names it), which takes the policy ratio, the value change and the gradient norm past their "
+            "clips; the second scenario keeps each side's defaults. The fourth column gives how far the reference's run "
+            "went past each clip: the share of each clamp's inputs outside its bounds (PPO's ratio, 1 +- clip_coef; its "
+            "value change, +- clip_coef; TD3's smoothing noise; others where a file clamps), and the steps whose gradient "
+            "norm was over its bound. And in the first scenario ours runs once more with a change of the detail that "
+            "defines the pair's algorithm planted in its copy (the last column), stopping at the first step that "
+            "differs: each must be reported as differing, or the study fails.\n\n"
             f"    python benchmark/studies/lockstep.py{' --only ' + ' '.join(args.only) if args.only else ''}\n\n"
-            f"| pair | scenario | result |\n|---|---|---|\n{rows}\n\n{matched} of {len(lines)} pairs match.\n"
+            "| pair | scenario | result | clips reached (the reference's run) | planted change |\n|---|---|---|---|---|\n"
+            f"{rows}\n\n{summary}.\n"
         )
-    return 0 if matched == len(lines) else 1
+    return 0 if matched == len(lines) and all(planted) else 1
 
 
 if __name__ == "__main__":
