@@ -2,7 +2,8 @@
 everything else (weights, gradients, the optimiser, the heads' outputs, losses, statistics). Each network with --bf16
 against the same network in float32, from the same weights on the same input: the outputs and the gradient within a
 stated tolerance, and not equal (autocast is on); a short run with --bf16 that saves a checkpoint and a model, keeps
---bf16 in both, and resumes with it; the start line's word on a device without native bfloat16."""
+--bf16 in both with every weight and optimiser moment in float32, and resumes with it, training the same layers in
+bfloat16 again; the start line's word on a device without native bfloat16."""
 
 from pathlib import Path
 from unittest import mock
@@ -11,16 +12,18 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import (
     CPU,
     SMOKE_FLAGS,
     assert_one_error_line,
+    check_run,
     load_algorithm,
     load_file,
     only_run,
-    run_algorithm,
     run_bad_input,
+    run_in_process,
     values,
 )
 
@@ -117,23 +120,70 @@ def test_the_start_line_says_when_bfloat16_is_not_native(name):
 RUNS = {
     "ppo": (["--env-id", "Breakout-v5", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"], 128, 256, 384),
     "a2c": (["--env-id", "Breakout-v5", "--num-envs", "4"], 100, 200, 300),
-    "dqn": (["--env-id", "Breakout-v5", *SMOKE_FLAGS["dqn"], "--batch-size", "32"], 600, 700, 800),
+    "dqn": (["--env-id", "Breakout-v5", *SMOKE_FLAGS["dqn"], "--batch-size", "32"], 600, 700, 1200),
     "ppg_procgen": (["--env-id", "StarpilotEasy-v0", *SMOKE_FLAGS["ppg_procgen"]], 256, 256, 384),  # a phase at 256
     "rnd_ppo": (["--env-id", "MontezumaRevenge-v5", *SMOKE_FLAGS["rnd_ppo"]], 128, 256, 384),
-    "ddpg_td3": (["--env-id", "Pendulum-v1", *SMOKE_FLAGS["ddpg_td3"]], 400, 500, 600),
+    "ddpg_td3": (["--env-id", "Pendulum-v1", *SMOKE_FLAGS["ddpg_td3"]], 400, 500, 800),
 }  # fmt: skip
+# (the off-policy resumes refill the replay buffer for --learning-starts steps before they train again)
+
+
+def tensors(state, entry: str = ""):
+    """Every tensor in a checkpoint's (nested) state, with its dotted place: optimizer.state.0.exp_avg."""
+    if isinstance(state, dict | list | tuple):
+        for key, value in state.items() if isinstance(state, dict) else enumerate(state):
+            yield from tensors(value, f"{entry}.{key}" if entry else str(key))
+    elif torch.is_tensor(state):
+        yield entry, state
+
+
+class BFloat16Layers(TorchDispatchMode):
+    """Watches every operation run in its block, and keeps the weights' shapes of the convolutions and matrix products
+    that gave bfloat16 with gradients on: the layers of the losses training differentiates that --bf16's autocast runs
+    in bfloat16 (on the CPU too). An evaluation (no gradients) builds a network of its own, and is not counted."""
+
+    LAYERS = ("convolution", "mm", "addmm", "bmm", "baddbmm", "linear")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in self.LAYERS and torch.is_grad_enabled() and isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16:
+            weight = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2][-1]  # input first, weight last
+            self.seen.add((name, tuple(weight.shape)))
+        return out
+
+
+def run_watched(name: str, argv: list[str], cwd):
+    """algorithms/<name>.py run in this process as its __main__ runs it, under BFloat16Layers: the layers it trained in
+    bfloat16."""
+    with BFloat16Layers() as layers:
+        proc = run_in_process(name, lambda module: module.run_main(module.main, module.parse_args(argv)), cwd)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return layers.seen
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_a_bf16_run_saves_it_in_its_checkpoint_and_model_and_a_resume_keeps_it(name, tmp_path):
     flags, every, first, total = RUNS[name]
     common = [*flags, CPU, "--eval-episodes", "1", "--checkpoint-every", str(every), "--save-model"]
-    run_algorithm(name, *common, "--bf16", "--total-timesteps", str(first), cwd=tmp_path)
+    trained = run_watched(name, [*common, "--bf16", "--total-timesteps", str(first)], tmp_path)
+    assert trained, f"{name}.py --bf16 trained no layer in bfloat16"
     run = only_run(tmp_path)
+    check_run(name, run)
     ckpt = run / "checkpoint.pt"
     (run / "finished").unlink()  # the run went past its checkpoint: without this, a resume of it is refused
     model = next(run.glob("*.model"))  # <script>.model; ddpg_td3.py's is named after its --algo
     assert load_file(ckpt)["args"]["bf16"] and load_file(model)["args"]["bf16"]
+    # autocast, not a cast: what the run saved (weights, the optimiser's moments, statistics) is float32
+    for path in (ckpt, model):
+        halves = [entry for entry, x in tensors(load_file(path)) if x.dtype in (torch.bfloat16, torch.float16)]
+        assert not halves, f"{path.name}: {halves[:4]} in half precision"
+    moments = [x.dtype for entry, x in tensors(load_file(ckpt)) if entry.endswith(("exp_avg", "square_avg"))]
+    assert moments and set(moments) == {torch.float32}, moments
     assert len(values(run, "eval/episodic_return")) == 1  # the saved model, reloaded and evaluated
     # turning it off on resume is refused: the run keeps the precision it learned with
     proc = run_bad_input(name, [*flags[:2], "--resume", str(ckpt), "--no-bf16"], tmp_path, "")
@@ -145,6 +195,8 @@ def test_a_bf16_run_saves_it_in_its_checkpoint_and_model_and_a_resume_keeps_it(n
     proc = run_bad_input(name, [*flags[:2], "--resume", str(tmp_path / "older.pt"), "--bf16"], tmp_path, "")
     assert_one_error_line(name, proc, r"--bf16 True differs from the checkpoint's False")
     model.unlink()
-    run_algorithm(name, *flags[:2], "--resume", str(ckpt), "--total-timesteps", str(total), cwd=tmp_path)
+    # the resumed run trains the same layers in bfloat16 again, as the checkpoint's args say
+    resumed = run_watched(name, [*flags[:2], "--resume", str(ckpt), "--total-timesteps", str(total)], tmp_path)
+    assert trained <= resumed, f"{name}.py dropped --bf16 on resume: {sorted(trained - resumed)[:3]} trained in float32"
     assert load_file(model)["args"]["bf16"] and load_file(ckpt)["global_step"] >= every
     assert Path(run).samefile(only_run(tmp_path))
