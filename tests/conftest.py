@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import functools
 import io
 import math
 import os
@@ -18,6 +19,7 @@ import forked
 import numpy as np
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from algos import load_algorithm
 from tblog import read_scalars
@@ -246,6 +248,43 @@ def run_in_process(name: str, call, cwd: Path, paths=()) -> subprocess.Completed
         for s, handler in saved[2].items():
             signal.signal(s, handler)
     return subprocess.CompletedProcess([name], code, out.getvalue(), err.getvalue())
+
+
+class FirstGradients:
+    """Watches every optimiser step in its block (torch's global hook) and, after each step, the first gradient that
+    reaches each parameter it stepped: that parameter's .grad must be None or zero then, or the step after adds the
+    last one's gradient again (an update that drops its zero_grad still learns CartPole). Later gradients before the
+    next step may add up (a minibatch in chunks). check() asserts it, and that the watch saw something."""
+
+    def __enter__(self):
+        self.waiting, self.hooked, self.steps, self.checked, self.stale = {}, set(), {}, {}, []
+        self.handle = register_optimizer_step_post_hook(self.stepped)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def stepped(self, optimizer, _args, _kwargs):
+        self.steps[id(optimizer)] = self.steps.get(id(optimizer), 0) + 1
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self.waiting[p] = id(optimizer)
+                if p not in self.hooked:  # a leaf's hook runs before the gradient is added to its .grad
+                    self.hooked.add(p)
+                    p.register_hook(functools.partial(self.arrives, p))
+
+    def arrives(self, p, _grad):
+        if (optimizer := self.waiting.pop(p, None)) is None:
+            return
+        self.checked[optimizer] = self.checked.get(optimizer, 0) + 1
+        if p.grad is not None and p.grad.any():
+            self.stale.append(tuple(p.shape))
+
+    def check(self, name: str, optimisers: int) -> None:
+        """No stale gradient; and optimisers optimisers stepped, each seeing gradients arrive after one of its steps."""
+        assert not self.stale, f"{name}.py: a gradient was added to the last step's, in parameters shaped {self.stale[:4]}"
+        assert len(self.steps) == optimisers, f"{name}.py: {len(self.steps)} optimisers stepped, not {optimisers}"
+        assert all(self.checked.get(o, 0) > 0 for o in self.steps), f"{name}.py: an optimiser stepped only once"
 
 
 def run_bad_input(name: str, flags: list[str], cwd: Path, foreign_env_id: str, env=None) -> subprocess.CompletedProcess:

@@ -3,7 +3,8 @@ everything else (weights, gradients, the optimiser, the heads' outputs, losses, 
 against the same network in float32, from the same weights on the same input: the outputs and the gradient within a
 stated tolerance, and not equal (autocast is on); a short run with --bf16 that saves a checkpoint and a model, keeps
 --bf16 in both with every weight and optimiser moment in float32, and resumes with it, training the same layers in
-bfloat16 again; the start line's word on a device without native bfloat16."""
+bfloat16 again; the start line's word on a device without native bfloat16. The short runs, in this process, also
+check that each optimiser step of the six files starts from cleared gradients (es.py sets its gradient, never adds)."""
 
 from pathlib import Path
 from unittest import mock
@@ -17,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import (
     CPU,
     SMOKE_FLAGS,
+    FirstGradients,
     assert_one_error_line,
     check_run,
     load_algorithm,
@@ -121,7 +123,7 @@ RUNS = {
     "ppo": (["--env-id", "Breakout-v5", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"], 128, 256, 384),
     "a2c": (["--env-id", "Breakout-v5", "--num-envs", "4"], 100, 200, 300),
     "dqn": (["--env-id", "Breakout-v5", *SMOKE_FLAGS["dqn"], "--batch-size", "32"], 600, 700, 1200),
-    "ppg_procgen": (["--env-id", "StarpilotEasy-v0", *SMOKE_FLAGS["ppg_procgen"]], 256, 256, 384),  # a phase at 256
+    "ppg_procgen": (["--env-id", "StarpilotEasy-v0", *SMOKE_FLAGS["ppg_procgen"]], 256, 384, 512),  # a phase at 256
     "rnd_ppo": (["--env-id", "MontezumaRevenge-v5", *SMOKE_FLAGS["rnd_ppo"]], 128, 256, 384),
     "ddpg_td3": (["--env-id", "Pendulum-v1", *SMOKE_FLAGS["ddpg_td3"]], 400, 500, 800),
 }  # fmt: skip
@@ -157,12 +159,15 @@ class BFloat16Layers(TorchDispatchMode):
         return out
 
 
-def run_watched(name: str, argv: list[str], cwd):
+def run_watched(name: str, argv: list[str], cwd, optimisers: int = 0):
     """algorithms/<name>.py run in this process as its __main__ runs it, under BFloat16Layers: the layers it trained in
-    bfloat16."""
-    with BFloat16Layers() as layers:
+    bfloat16. With optimisers, its steps are watched too: each starts from cleared gradients (conftest.FirstGradients,
+    on this run rather than one of its own)."""
+    with BFloat16Layers() as layers, FirstGradients() as gradients:
         proc = run_in_process(name, lambda module: module.run_main(module.main, module.parse_args(argv)), cwd)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    if optimisers:
+        gradients.check(name, optimisers)
     return layers.seen
 
 
@@ -170,7 +175,8 @@ def run_watched(name: str, argv: list[str], cwd):
 def test_a_bf16_run_saves_it_in_its_checkpoint_and_model_and_a_resume_keeps_it(name, tmp_path):
     flags, every, first, total = RUNS[name]
     common = [*flags, CPU, "--eval-episodes", "1", "--checkpoint-every", str(every), "--save-model"]
-    trained = run_watched(name, [*common, "--bf16", "--total-timesteps", str(first)], tmp_path)
+    optimisers = 2 if name in ("ddpg_td3", "ppg_procgen") else 1  # actor and critics; policy and auxiliary phases
+    trained = run_watched(name, [*common, "--bf16", "--total-timesteps", str(first)], tmp_path, optimisers)
     assert trained, f"{name}.py --bf16 trained no layer in bfloat16"
     run = only_run(tmp_path)
     check_run(name, run)
