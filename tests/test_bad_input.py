@@ -6,7 +6,6 @@ script are tabled in its own test file."""
 import dataclasses
 import math
 import re
-import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, assert_one_error_line, load_algorithm, marks, run_in_process
+from conftest import ROOT, assert_one_error_line, load_algorithm, marks, run_in_process, run_script
 
 ALGORITHMS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
 MODULES = {name: load_algorithm(name) for name in ALGORITHMS}
@@ -198,9 +197,7 @@ def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path):
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_a_run_directory_that_cannot_be_made_gets_one_line(name, tmp_path):
     (tmp_path / "runs").write_text("a file where the runs directory would go")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "algorithms" / f"{name}.py")], cwd=tmp_path, capture_output=True, text=True, timeout=900
-    )
+    proc = run_script(ROOT / "algorithms" / f"{name}.py", cwd=tmp_path, check=False)  # forked: the imports done once
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(f"{name}.py: error: cannot write the run directory runs/"), proc.stderr
