@@ -48,6 +48,7 @@ def outside(interval: str, kind: type) -> list[str]:
 def parse_error(name: str, argv: list[str], tmp_path: Path) -> str:
     """Run the script's parse_args in this process; it must exit 2 with one error line and nothing else, returned."""
     proc = run_in_process(name, lambda module: module.parse_args(argv), tmp_path)
+    assert proc.returncode != 0, f"{name}.py accepted {' '.join(argv)}"
     assert_one_error_line(name, proc, "")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     return proc.stderr.strip()
