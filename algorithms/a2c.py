@@ -52,7 +52,7 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient norm clip"""
     norm_obs: bool = False
-    """normalise vector observations with running statistics (clipped to +-10); not for image observations"""
+    """normalise float observations with running statistics (clipped to +-10); not for uint8 ones (frames, bytes)"""
     norm_reward: bool = False
     """scale rewards by the running std of the discounted return (clipped to +-10)"""
     episodic_life: bool = True
@@ -135,7 +135,7 @@ class Agent(nn.Module):
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
         n_features = 512 if self.frames else int(np.prod(obs_shape))
         n_head = n_features if rnn == "none" else rnn_size
-        if self.frames:  # uint8 frames; Mnih et al. 2015 Nature CNN
+        if self.frames:  # Mnih et al. 2015 Nature CNN
             self.encoder = nn.Sequential(
                 layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
                 nn.ReLU(),
@@ -160,9 +160,9 @@ class Agent(nn.Module):
         self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float (--bf16: bfloat16, the trunk autocast) only here; features float32
+        # floats only here, uint8 frames and bytes scaled to [0, 1] (network_input); --bf16: trunk autocast; features float32
         with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            return self.encoder(x.to(self.dtype).mul_(1.0 / 255.0)).float() if self.frames else self.encoder(x)
+            return self.encoder(network_input(x, self.dtype)).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
         """The memory's state before an episode's first observation (zeros); None without memory."""
@@ -248,7 +248,7 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
 
 
 def normalize_obs(obs: np.ndarray, rms: "RunningMeanStd | None", clip: float = 10.0) -> np.ndarray:
-    """Vectors as the network's float32, standardised and clipped when there are statistics; frames as they are."""
+    """Float observations as float32, standardised and clipped when there are statistics; uint8 ones as they are."""
     if rms is None:
         return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
     return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
@@ -314,7 +314,7 @@ def main(args: Args) -> None:
     seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
     envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend)
 
-    # rollout storage, preallocated on the device; frames stay uint8, laid out as the trunk reads them (rollout_obs)
+    # rollout storage, preallocated on the device; uint8 stays uint8, frames laid out as the trunk reads them (rollout_obs)
     obs = rollout_obs((T, N), obs_space, device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
     values = torch.zeros((T, N), device=device)
@@ -697,9 +697,15 @@ class RMSpropTF(torch.optim.Optimizer):
                 p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr a float or, compiled, a tensor
 
 
+def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation as the network's first layer takes it, in `dtype`: uint8 ones (frames, or bytes such as Atari's RAM)
+    scaled to [0, 1], in place on the copy .to makes; float ones as they are. The caller's tensor is never changed."""
+    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
+
+
 def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
-    """One copy per step: frames stay uint8 (the network scales them), laid out channels-last as rollout_obs stores them;
-    vectors become float32, normalised on the host with running statistics when --norm-obs is on."""
+    """One copy per step: uint8 observations stay uint8 (the network scales them), others become float32, normalised on
+    the host with running statistics when --norm-obs is on; frames laid out channels-last as rollout_obs stores them."""
     if obs_rms is not None:
         obs = obs.astype(np.float32)  # the statistics see what the network sees
         obs_rms.update(obs)
@@ -725,14 +731,15 @@ def bf16_note(device: torch.device) -> str:
 
 
 def rollout_obs(rows: tuple, obs_space: gym.Space, device: torch.device) -> torch.Tensor:
-    """main's observation storage, `rows` + the observation's shape, on the device. Vectors are float32; (C, H, W) frames
-    uint8, stored channels-last ((H, W, C) in memory, seen as (C, H, W)): the layout the trunk's kernels want, so that
-    neither a step's frames (to_obs_tensor) nor a minibatch gathered from the rollout needs converting."""
+    """main's observation storage, `rows` + the observation's shape, on the device: uint8 observations as uint8, others
+    as float32; (C, H, W) frames stored channels-last ((H, W, C) in memory, seen as (C, H, W)): the layout the trunk's
+    kernels want, so that neither a step's frames (to_obs_tensor) nor a minibatch gathered from the rollout needs
+    converting."""
+    dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
     if len(obs_space.shape) != 3:
-        dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
         return torch.zeros(rows + obs_space.shape, dtype=dtype, device=device)
     c, h, w = obs_space.shape
-    return torch.zeros(rows + (h, w, c), dtype=torch.uint8, device=device).movedim(-1, -3)
+    return torch.zeros(rows + (h, w, c), dtype=dtype, device=device).movedim(-1, -3)
 
 
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
@@ -822,6 +829,16 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     }  # fmt: skip
 
 
+def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
+    """Frames too small for the Nature CNN (36x36 -> 8x8 -> 3x3 -> 1x1 through its three layers): refused in one line."""
+    if len(obs_space.shape) == 3 and min(obs_space.shape[1:]) < 36:
+        h, w = obs_space.shape[1:]
+        fail(
+            f"the Nature CNN takes frames of at least 36x36, and {env_id} has {h}x{w}; scale them up to 36x36, or flatten "
+            "them into a vector (gymnasium's FlattenObservation wrapper), which an MLP takes"
+        )
+
+
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
@@ -829,10 +846,15 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"a2c.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
+    check_frame_size(args.env_id, obs_space)
     evaluates = args.eval_every > 0 or args.save_model
+    uint8_obs = (
+        f"is for vector observations, and {args.env_id} has uint8 frames"
+        if len(obs_space.shape) == 3
+        else f"is for float observations, and {args.env_id} has uint8 ones, which the network scales by 1/255 instead"
+    )
     refuse_meaningless(args, [
-        # normalised floats do not fit the uint8 frame storage; frames are scaled by 1/255 in the network instead
-        (("norm_obs",), obs_space.dtype == np.uint8, f"is for vector observations, and {args.env_id} has uint8 frames"),
+        (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
         (("episodic_life", "reward_clip"), not atari_id(args.env_id),
          f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
@@ -843,7 +865,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.norm_obs and obs_space.dtype == np.uint8:  # a checkpoint's, or a preset's
-        fail(f"--norm-obs is for vector observations, and {args.env_id} has uint8 frames; leave out --norm-obs")
+        fail(f"--norm-obs {uint8_obs}; leave out --norm-obs")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs

@@ -126,19 +126,17 @@ class QNetwork(nn.Module):
                 n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
             self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, n_actions))
             self.network.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels take (H, W, C) layouts
-            self.scale = 1.0 / 255.0
         else:
             # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
             hidden = [nn.Linear(obs_shape[0], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU()]
             self.network = nn.Sequential(*hidden, nn.Linear(84, n_actions))
-            self.scale = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scale == 1.0:
-            return self.network(x.float())
-        # frames stay uint8 in the buffer and become float (--bf16: bfloat16, the trunk autocast) only here, channels-last
+        if x.dim() != 4:  # vectors, float or uint8 (network_input scales uint8 ones to [0, 1])
+            return self.network(network_input(x, torch.float32))
+        # frames become floats only here (--bf16: bfloat16, the trunk autocast), laid out channels-last while still uint8
         with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            h = self.network[:-1](x.contiguous(memory_format=torch.channels_last).to(self.dtype).mul_(self.scale))
+            h = self.network[:-1](network_input(x.contiguous(memory_format=torch.channels_last), self.dtype))
         return self.network[-1](h.float())  # the Q-values in float32
 
 
@@ -666,6 +664,22 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     }  # fmt: skip
 
 
+def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation as the network's first layer takes it, in `dtype`: uint8 ones (frames, or bytes such as Atari's RAM)
+    scaled to [0, 1], in place on the copy .to makes; float ones as they are. The caller's tensor is never changed."""
+    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
+
+
+def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
+    """Frames too small for the Nature CNN (36x36 -> 8x8 -> 3x3 -> 1x1 through its three layers): refused in one line."""
+    if len(obs_space.shape) == 3 and min(obs_space.shape[1:]) < 36:
+        h, w = obs_space.shape[1:]
+        fail(
+            f"the Nature CNN takes frames of at least 36x36, and {env_id} has {h}x{w}; scale them up to 36x36, or flatten "
+            "them into a vector (gymnasium's FlattenObservation wrapper), which an MLP takes"
+        )
+
+
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     processes = int(os.environ.get("WORLD_SIZE", "1"))
@@ -681,6 +695,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"dqn.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
+    check_frame_size(args.env_id, obs_space)
     pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     evaluates = args.eval_every > 0 or args.save_model
     refuse_meaningless(args, [
