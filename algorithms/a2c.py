@@ -864,8 +864,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
          "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
-    if args.norm_obs and obs_space.dtype == np.uint8:  # a checkpoint's, or a preset's
-        fail(f"--norm-obs {uint8_obs}; leave out --norm-obs")
+    if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
+        fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs

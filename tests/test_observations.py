@@ -80,6 +80,12 @@ REFUSED = [
         )
         for name in ("ppo", "a2c")
     ],
+    pytest.param(  # the recurrent preset turns --norm-obs on: the line says so, and how to turn it off
+        "ppo",
+        ["--env-id", "obs_envs:ByteVector-v0", "--rnn", "lstm"],
+        r"--norm-obs, which this run's preset turns on, is for float observations.*; pass --no-norm-obs$",
+        id="ppo-ByteVector-rnn-preset",
+    ),
     *[
         pytest.param(
             name,
