@@ -49,7 +49,7 @@ SEEDED = {
                     ("losses/policy_loss", "losses/value_loss", "losses/bc_kl", "losses/aux_value_loss")),
     "rnd_ppo": ((3, 3, 4), [*SMOKE_FLAGS["rnd_ppo"], "--total-timesteps", "256"],
                 ("losses/policy_loss", "losses/rnd_loss", "losses/int_value_loss", "charts/intrinsic_reward")),
-    "es": ((7, 7, 8), ["--num-generations", "3", "--population-size", "16", "--max-episode-steps", "100"],
+    "es": ((7, 7, 8), ["--num-generations", "2", "--population-size", "8", "--max-episode-steps", "50"],
            ("charts/population_mean_return", "losses/grad_norm")),
 }  # fmt: skip
 
