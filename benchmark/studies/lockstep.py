@@ -62,8 +62,9 @@ its planted change's verdict, then `N of M pairs match; K of L planted changes d
 matches and every planted change differs. The reference side writes each step's tensors to a file of its own as it
 takes the step, and ours' side maps each file from disk as it reaches that step and compares at once, keeping only
 the verdict: neither holds the steps in memory, which for the Atari DQN pair are about 10 GB (500 steps of the Nature
-CNN and Adam's two moments; as much temporary disk). All pairs: 11.5 minutes of CPU time, one thread a side (the
-planted changes' runs and the larger learning rates add a seventh); 17 minutes on 2 cores with other runs beside them.
+CNN and Adam's two moments; as much temporary disk). All pairs: about 11 minutes of CPU time, one thread a side (the
+planted changes' runs and the larger learning rates add about a tenth); 11 to 17 minutes on 2 cores with other runs
+beside them.
 """
 
 import argparse
