@@ -8,9 +8,10 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have
-# work (docs/speed.md, threads); libgomp reads this as torch loads, and a value the user set wins
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have work
+# (docs/speed.md, threads); libgomp reads this as torch loads; a thread count the user set keeps libgomp's defaults
+if "OMP_NUM_THREADS" not in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gymnasium as gym
 import numpy as np
@@ -1057,6 +1058,7 @@ def start_run(args: Args) -> types.SimpleNamespace:
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
+    small_network_threads(device, len(obs_space.shape) == 1)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     if ckpt is not None:  # a checkpoint of another number of processes: refused before anything is written
@@ -1365,6 +1367,14 @@ def seed_and_device(args: Args) -> torch.device:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def small_network_threads(device: torch.device, small: bool) -> None:
+    """One torch thread on the CPU for a small network (an MLP of vectors, a Q-table) unless OMP_NUM_THREADS says
+    otherwise: its operations are too short to pay for waking a sleeping second thread, and a spinning one costs most
+    of its speed on a busy machine (docs/speed.md)."""
+    if device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
 
 
 def say_device(device: torch.device, share: str = "") -> None:

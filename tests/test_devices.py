@@ -73,16 +73,30 @@ def test_the_first_line_of_a_run_names_the_device(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name, policy, spin",
-    [(p.stem, None, "0") for p in sorted((ROOT / "algorithms").glob("*.py"))] + [("ppo", "ACTIVE", "30000000000")],
+    "name, env, spin",
+    [(p.stem, {}, "0") for p in sorted((ROOT / "algorithms").glob("*.py"))]
+    + [("ppo", {"OMP_WAIT_POLICY": "ACTIVE"}, "30000000000"), ("ppo", {"OMP_NUM_THREADS": "2"}, "300000")],
 )
-def test_openmp_threads_wait_passively_unless_the_user_says_otherwise(name, policy, spin):
+def test_openmp_threads_wait_passively_unless_the_user_says_otherwise(name, env, spin):
     """A spinning OpenMP thread takes a busy machine's core from threads that have work (docs/speed.md): each file asks
-    libgomp to sleep at once (GOMP_SPINCOUNT 0; 300,000 spins by default) before torch loads it, and keeps a policy the
-    user set. OMP_DISPLAY_ENV makes libgomp print what it read as it loads."""
-    env = {k: v for k, v in os.environ.items() if k not in {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}}
-    env = {**env, "OMP_DISPLAY_ENV": "VERBOSE", **({"OMP_WAIT_POLICY": policy} if policy else {})}
+    libgomp to sleep at once (GOMP_SPINCOUNT 0; 300,000 spins by default) before torch loads it, and keeps a policy or a
+    thread count the user set. OMP_DISPLAY_ENV makes libgomp print what it read as it loads."""
+    user = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"}
+    env = {**{k: v for k, v in os.environ.items() if k not in user}, "OMP_DISPLAY_ENV": "VERBOSE", **env}
     script = ROOT / "algorithms" / f"{name}.py"
     proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"GOMP_SPINCOUNT = '{spin}'" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or (os.cpu_count() or 1) < 2, reason="torch's own default is one thread")
+@pytest.mark.parametrize("env_id, small", [("CartPole-v1", True), ("obs_envs:FloatFrames-v0", False)])
+def test_a_small_network_trains_on_one_thread_and_frames_on_torchs_default(env_id, small, tmp_path):
+    """An MLP of vectors gains nothing from a second thread and loses most of its speed to it on a busy machine; a CNN of
+    frames keeps torch's default, a thread a core (this machine has at least 2). The user's OMP_NUM_THREADS is unset."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, str(ROOT / "algorithms" / "ppo.py"), "--env-id", env_id, "--total-timesteps", "1024", CPU]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("training on cpu (1 thread)" in proc.stdout.splitlines()[0]) == small, proc.stdout.splitlines()[0]

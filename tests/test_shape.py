@@ -18,9 +18,9 @@ MAIN_LINES = 120  # at most, in every file
 # besides Args, main and the file's maths (the networks and the update step)
 PART_ONE = {
     "ppo": (405, ["Agent", "training_steps", "ppo_update"]),
-    "a2c": (385, ["Agent", "training_steps"]),
+    "a2c": (386, ["Agent", "training_steps"]),
     "dqn": (305, ["QNetwork", "training_steps"]),
-    "ddpg_td3": (335, ["Actor", "Critics", "critic_update", "actor_update"]),
+    "ddpg_td3": (336, ["Actor", "Critics", "critic_update", "actor_update"]),
     "es": (330, ["Policy", "rollout"]),
     "qlearning": (280, []),
     "ppg_procgen": (520, ["ImpalaCNN", "Agent", "policy_update", "aux_update"]),
