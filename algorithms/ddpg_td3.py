@@ -11,11 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have work
-# (docs/speed.md, threads); libgomp reads this as torch loads; a thread count the user set keeps libgomp's defaults
-if "OMP_NUM_THREADS" not in os.environ:
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -96,8 +93,7 @@ class Args:
     """env steps between the loss and SPS scalars"""
 
 
-# No orthogonal layer_init here: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default nn.Linear
-# initialisation (uniform in +-1/sqrt(fan_in)), and their results are the ones the presets reproduce.
+# No orthogonal layer_init: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default (uniform in +-1/sqrt(fan_in)).
 # --bf16: each network's layers run in bfloat16 autocast and hand back float32, so targets, losses and noise stay float32
 # (autocast "cpu" off CUDA: the storage reckoning runs the critics on the meta device, where autocast("meta") raises).
 class Actor(nn.Module):
@@ -265,14 +261,12 @@ def main(args: Args) -> None:
     global_step, critic_updates, train_from = 0, 0, args.learning_starts
     if run.ckpt:  # weights, optimisers, counters, random states, and the replay buffer where --save-buffer kept it
         global_step, critic_updates, train_from = restore_run(args, run, nets, explore_rng, rb)
-
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, N, args.seed + global_step)
     obs = float_tensor(envs.reset()[0], device)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    # [qf1_loss, qf2_loss, qf1_values, actor_loss] summed on the device, each step's at once: a CUDA graph's outputs
-    # (--cudagraphs) are overwritten by its next replay
+    # [qf1_loss, qf2_loss, qf1_values, actor_loss] summed on the device at once: a CUDA graph overwrites its outputs
     stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
     seconds = dict(env=0.0, acting=0.0, updates=0.0)  # where the training time goes, printed at the end
 

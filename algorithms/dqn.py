@@ -10,11 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have work
-# (docs/speed.md, threads); libgomp reads this as torch loads; a thread count the user set keeps libgomp's defaults
-if "OMP_NUM_THREADS" not in os.environ:
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -272,8 +269,7 @@ def main(args: Args) -> None:
             for _ in range(global_step // args.train_frequency - (global_step - N) // args.train_frequency):
                 stats += update(*rb.sample(args.batch_size, device))
                 num_updates += 1
-            # eager, not in the compiled update: one fused lerp every target_network_frequency steps, and the update
-            # would otherwise trace the schedule's branch (or recompile on it)
+            # eager, not compiled: one fused lerp every target_network_frequency steps, no traced schedule branch
             if crossed(global_step, N, args.target_network_frequency):
                 soft_update(target_network, q_network, args.tau)
             update_seconds += time.perf_counter() - t0

@@ -8,11 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have work
-# (docs/speed.md, threads); libgomp reads this as torch loads; a thread count the user set keeps libgomp's defaults
-if "OMP_NUM_THREADS" not in os.environ:
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import gymnasium as gym
 import numpy as np
 import torch
@@ -340,14 +337,12 @@ def main(args: Args) -> None:
     T, N = args.num_steps, args.num_envs // args.world_size
     seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
     envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend, False, args.frame_stack)
-
     # rollout storage, preallocated on the device; uint8 stays uint8, frames laid out as the trunk reads them (rollout_obs)
     obs = rollout_obs((T, N), obs_space, device)
     actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
     logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
     rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
     host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
-
     next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     # recurrent (None without memory): the state carried from step to step, zeroed where an episode starts (run_memory)

@@ -10,11 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-# torch's OpenMP threads spin while they wait for work, taking a busy machine's cores from the threads that have work
-# (docs/speed.md, threads); libgomp reads this as torch loads; a thread count the user set keeps libgomp's defaults
-if "OMP_NUM_THREADS" not in os.environ:
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import gymnasium as gym
 import numpy as np
 import torch

@@ -17,10 +17,10 @@ MAIN_LINES = 120  # at most, in every file
 # Lines a learner reads: from the top of the file to the line before the marker; beside each, what part 1 must hold
 # besides Args, main and the file's maths (the networks and the update step)
 PART_ONE = {
-    "ppo": (405, ["Agent", "training_steps", "ppo_update"]),
-    "a2c": (386, ["Agent", "training_steps"]),
-    "dqn": (305, ["QNetwork", "training_steps"]),
-    "ddpg_td3": (336, ["Actor", "Critics", "critic_update", "actor_update"]),
+    "ppo": (400, ["Agent", "training_steps", "ppo_update"]),
+    "a2c": (380, ["Agent", "training_steps"]),
+    "dqn": (300, ["QNetwork", "training_steps"]),
+    "ddpg_td3": (330, ["Actor", "Critics", "critic_update", "actor_update"]),
     "es": (330, ["Policy", "rollout"]),
     "qlearning": (280, []),
     "ppg_procgen": (520, ["ImpalaCNN", "Agent", "policy_update", "aux_update"]),
