@@ -61,6 +61,10 @@ def one_thread(env: dict | None) -> dict:
     return env
 
 
+# How Python starts a traceback it prints: an uncaught or printed error, and one in a __del__, thread or exit handler
+TRACEBACKS = ("Traceback (most recent call last)", "Exception ignored in", "Exception in thread")
+
+
 def run_script(
     script: Path, *args: str, cwd: Path, timeout: float = SMOKE_TIMEOUT, check: bool = True, env=None, fork: bool = True
 ) -> subprocess.CompletedProcess:
@@ -80,10 +84,6 @@ def run_script(
         printed = [line for line in proc.stderr.splitlines() if any(start in line for start in TRACEBACKS)]
         assert not printed, f"{' '.join(cmd)} exited 0 and printed {printed[0]!r}\n{proc.stderr[-3000:]}"
     return proc
-
-
-# How Python starts a traceback it prints: an uncaught or printed error, and one in a __del__, thread or exit handler
-TRACEBACKS = ("Traceback (most recent call last)", "Exception ignored in", "Exception in thread")
 
 
 def run_algorithm(
