@@ -292,12 +292,11 @@ def test_sigterm_checkpoints_and_the_resumed_run_logs_each_step_once(tmp_path):
 # Learning
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.learning
-def test_a2c_cartpole_reaches_475_within_200k_steps(tmp_path):
-    """The classic preset does not anneal its learning rate, so a 200k-step run is the first 200k steps of the 500k
+def test_a2c_cartpole_reaches_475_within_150k_steps(tmp_path):
+    """The classic preset does not anneal its learning rate, so a 150k-step run is the first 150k steps of the 500k
     benchmark run. Measured on 2 CPU cores (one thread; 8 CartPoles stepped by gymnasium, --env-backend auto): seeds 1-5
     first reach a 20-episode mean of 475 at 57,152 / 64,632 / 94,856 / 107,440 / 111,056 steps, so the worst seed has
-    89k steps of slack. About 30 s here. On the
-    CPU, where the margin was measured."""
-    run_algorithm("a2c", "--seed", "1", "--total-timesteps", "200000", CPU, cwd=tmp_path, timeout=900)
+    39k steps of slack, seed 1 (this one) 93k. About 25 s here. On the CPU, where the margin was measured."""
+    run_algorithm("a2c", "--seed", "1", "--total-timesteps", "150000", CPU, cwd=tmp_path, timeout=900)
     _, means = twenty_episode_means(only_run(tmp_path))  # every window of 20 consecutive episodes
     assert len(means) and means.max() >= 475, f"best 20-episode mean {means.max() if len(means) else None}"

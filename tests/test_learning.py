@@ -78,26 +78,28 @@ def ppg_run_with_aux_losses(cwd, argv: list[str]) -> np.ndarray:
 def test_ppg_learns_a_level_where_no_constant_action_scores_and_its_auxiliary_losses_fall(tmp_path):
     """Jumper (Easy), level 18 only: a uniform random policy reaches the carrot in 56% of its episodes (5.6 over 322
     episodes, measured here), and every one of the 15 constant actions scores 0 (the left ones fall, the others wait
-    for the time limit): a policy must act on what it sees. PPG, 16 envs x 32 steps, 3 policy epochs, phases of 4
-    policy iterations with 2 auxiliary epochs, 8,192 steps (so 3 auxiliary phases). Measured on 2 CPU cores, one
-    thread, seeds 1-4: the episodes of the third quarter average 8.15 / 8.83 / 7.37 / 8.15 and of the last 8.38 / 8.33 /
-    7.41 / 8.89. The bar, on the last half: random + 1.25, 3 standard deviations of a random policy's mean over such a
-    window (about 140 episodes of 0 or 10) above it, and 0.5 below the worst seed.
+    for the time limit): a policy must act on what it sees. PPG with --arch detach (one CNN, so half the time of the
+    default two: the phases' code is the same, and the second CNN is checked in test_ppg_procgen.py), 16 envs x 32
+    steps, 3 policy epochs, phases of 4 policy iterations with 2 auxiliary epochs, 8,192 steps (so 3 auxiliary phases).
+    Measured on 2 CPU cores, one thread, seeds 1-4: the episodes of the third quarter average 7.44 / 7.81 / 5.93 / 7.59
+    and of the last 8.41 / 8.39 / 8.50 / 8.54; over the last half 8.02 / 8.13 / 7.28 / 8.14. The bar, on the last half:
+    random + 1.25, 3 standard deviations of a random policy's mean over such a window (about 140 episodes of 0 or 10)
+    above it, and 0.4 below the worst seed.
     The auxiliary phase must do its work: summed over the phases, the auxiliary value loss of the last epoch is below
-    0.8 of the first epoch's (measured 0.56 / 0.49 / 0.60 / 0.45; an auxiliary phase that does not step, or whose loss
-    does not reach the value head, leaves it at 1). About 3 minutes here."""
+    0.9 of the first epoch's (measured 0.72 / 0.77 / 0.64 / 0.79; an auxiliary phase that does not step, or whose loss
+    does not reach the value head, leaves it at 1). About 1.5 minutes here."""
     random_return = random_policy_return("JumperEasy-v0", 600, num_levels=1, start_level=18)
     aux = ppg_run_with_aux_losses(tmp_path, [
         "--env-id", "JumperEasy-v0", "--num-levels", "1", "--start-level", "18", "--seed", "1", "--num-envs", "16",
         "--num-steps", "32", "--num-minibatches", "4", "--update-epochs", "3", "--n-pi", "4", "--e-aux", "2",
-        "--total-timesteps", "8192", CPU,
+        "--total-timesteps", "8192", "--arch", "detach", CPU,
     ])  # fmt: skip
     logged = scalars(only_run(tmp_path))["charts/episodic_return"]
     last_half = [value for step, value, _ in logged if step > 8192 // 2]
     assert len(last_half) >= 50 and np.mean(last_half) >= random_return + 1.25, (random_return, np.mean(last_half))
     assert aux.shape[:2] == (3, 2), aux.shape
     first, final = aux[:, 0, 0].sum(), aux[:, -1, 0].sum()
-    assert final <= 0.8 * first, (first, final)
+    assert final <= 0.9 * first, (first, final)
 
 
 def last_20_mean(run) -> float:
