@@ -873,29 +873,13 @@ def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """What the run will store, reckoned before anything is allocated (check_storage): the network with its gradients
-    and Adam's moments; the rollout on the training device (main's observations, actions and six float32 (T, N)
-    tensors, the update's advantages and returns; frames as uint8); one minibatch through the network (its float32 input
-    and activations, with a fifth more for their gradients, as measured on Breakout); the env pool."""
+    """The run's big store, for check_storage: the rollout on the training device (observations as they come, uint8
+    frames as uint8; actions; six float32 (T, N) tensors, and the update's advantages and returns)."""
     T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
-    obs_size = int(np.prod(obs_space.shape))
+    obs_bytes = int(np.prod(obs_space.shape)) * (1 if obs_space.dtype == np.uint8 else 4)
     action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
-    with torch.random.fork_rng(), torch.device("meta"):  # shapes only: nothing allocated, no random number drawn
-        agent = Agent(obs_space, action_space, args.rnn, args.rnn_size)
-        activations = forward_floats(agent, agent.get_action_and_value, torch.zeros((1,) + obs_space.shape))
-    obs_bytes = obs_size * (1 if obs_space.dtype == np.uint8 else 4)
-    memory = f" with --rnn {args.rnn} --rnn-size {args.rnn_size}" if args.rnn != "none" else ""
-    return {
-        f"the network{memory}, its gradients and Adam's moments": (
-            network_bytes(lambda: Agent(obs_space, action_space, args.rnn, args.rnn_size)), device,
-            "lower --rnn-size" if memory else "use an env with smaller observations"),
-        f"the rollout (--num-envs {N} x --num-steps {T} steps of {shape} observations)": (
-            T * N * (obs_bytes + action_bytes + 8 * 4), device, "lower --num-envs or --num-steps"),
-        f"a minibatch ({N} envs x {T} steps / --num-minibatches {args.num_minibatches})": (
-            int(args.minibatch_size * 4 * (obs_size + 1.2 * activations)), device,
-            "raise --num-minibatches, or lower --num-envs or --num-steps"),
-        f"the env pool (--num-envs {N})": (env_pool_bytes(args.env_id, N), torch.device("cpu"), "lower --num-envs"),
-    }  # fmt: skip
+    rollout = f"the rollout (--num-envs {N} x --num-steps {T} steps of {shape} observations)"
+    return {rollout: (T * N * (obs_bytes + action_bytes + 8 * 4), device, "lower --num-envs or --num-steps")}
 
 
 def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
@@ -1213,49 +1197,36 @@ def end_run(args: Args, run: types.SimpleNamespace, envs, agent, obs_rms, global
 # ===============================================================================================================
 # Run plumbing: the same text in every algorithm file, from this heading to the end (tests/test_shared_code.py compares)
 # ===============================================================================================================
-import ast
 import contextlib
 import dataclasses
 import errno
 import importlib.util
-import inspect
 import io
-import math
 import os
 import random
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-import types
 import typing
-import urllib.parse
 import warnings
 
+import envpool
 import numpy as np
 import torch
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
-# envpool registers every env family it has on import (0.9 s on 2 cores, Jumanji's renderer alone loads matplotlib);
-# these files register them one at a time, up to the run's env's (envpool_has, at the end of this block)
-sys.modules.setdefault("envpool.entry", types.ModuleType("envpool.entry"))
-import envpool
-
-# envpool declares float64 bounds for float32 observations; gymnasium warns about it on every env made
-warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")  # envpool's float64 bounds
 SCRIPT = os.path.basename(__file__)
-# checkpoint.pt on disk that a resume can start from, (path, step), once this run has written or read one; the writers
-WRITTEN: dict[str, typing.Any] = {}
+WRITTEN: dict[str, typing.Any] = {}  # the open writers; the checkpoint (path, step) a resume can start from
 
 
 @dataclasses.dataclass
 class Tracking:
-    """The shared block's own flags, which every script's Args gains below, after its own (bases' fields go last first)."""
+    """The shared block's own flags, which every script's Args gains below, after its own."""
 
     track: bool = False
     """send the run to Weights & Biases: tensorboard scalars, arguments, code, captured videos (WANDB_MODE=offline works)"""
@@ -1272,7 +1243,7 @@ Args = dataclasses.dataclass(type("Args", (Tracking, Args), {"__doc__": Args.__d
 
 def fail(message: str):
     """Bad input ends here: one line `<script>: error: <what is wrong>; <what to do>` and exit status 2, as tyro's."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun, every process checks: the first of each machine says it
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun every process checks, and the first of each machine says
         print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
     else:  # torchrun ends a job's other processes when one exits: first let process 0, which checks the same, say it
         time.sleep(3)
@@ -1282,31 +1253,47 @@ def fail(message: str):
 def parse_args(argv: list[str] | None = None) -> Args:
     """The command line over the chosen preset's defaults (which --help shows), checked; with --resume, the checkpoint's."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    defaults = preset_defaults(argv)
-    one_line_help(Args)
-    captured = io.StringIO()
+    source = open(__file__).read()  # tyro keeps a field docstring's line breaks, which cut --help's sentences in two
+    for field in dataclasses.fields(Args):
+        if doc := re.search(rf'^    {field.name}: [^\n]*\n    """(.*?)"""', source, re.M | re.S):
+            Args.__annotations__[field.name] = typing.Annotated[field.type, tyro.conf.arg(help=" ".join(doc[1].split()))]
+    defaults, captured = preset_defaults(argv), io.StringIO()
     try:
-        with contextlib.redirect_stderr(captured):
-            # --help opens with the docstring's first paragraph: what the script is, not the reading guide
+        with contextlib.redirect_stderr(captured):  # --help opens with the docstring's first paragraph
             args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
-        if e.code:  # tyro's boxed parse error as one line: its message, and the flag it suggests
-            rows = [row.strip("│ ") for row in captured.getvalue().splitlines()]
-            rows = [row for row in rows if row and not row.startswith(("╭", "╰", "For full helptext"))]
-            first_rule = next((i for i, row in enumerate(rows) if row.startswith("─")), len(rows))
-            message = " ".join(rows[:first_rule]).rstrip(".") or "the command line cannot be parsed"
-            hints = [row.split()[0] for row in rows[first_rule:] if row.startswith("--")]
-            if "Perhaps you meant:" in rows and hints:
-                fail(f"{message}; did you mean {hints[0]}? (see {SCRIPT} --help)")
-            fail(f"{message}; see {SCRIPT} --help")
+        if e.code:  # tyro's error box (plain text where the output is not UTF-8) as one line: its message, under the title
+            rows = [row.strip("│|╭╮╰╯ ") for row in captured.getvalue().splitlines()]
+            rule = [not row.strip("─-") for row in rows]
+            start = next(i for i in range(1, len(rows)) if not rule[i])
+            end = next((i for i in range(start, len(rows)) if rule[i]), len(rows))
+            fail(f"{' '.join(rows[start:end]).rstrip('.')}; see {SCRIPT} --help")
         raise
     # the flags typed ('--name v', '--name=v', '--no-name'), as against defaults; not a field, so neither saved nor shown
     names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
     args.typed = frozenset((names | {n.removeprefix("no_") for n in names}) & {f.name for f in dataclasses.fields(Args)})
     check_ranges(args)
     args = resumed_args(args) if args.resume else args
-    check_extras(args)
+    if getattr(args, "capture_video", False) and importlib.util.find_spec("imageio_ffmpeg") is None:
+        fail("--capture-video needs imageio's ffmpeg plugin, which this Python lacks; pip install 'imageio[ffmpeg]'")
+    if args.track and importlib.util.find_spec("wandb") is None:
+        fail("--track sends the run to Weights & Biases, and this Python lacks wandb; pip install wandb, or leave out --track")
+    refuse_meaningless(args, [(("wandb_project_name", "wandb_entity", "wandb_tags"), not args.track, "needs --track")])
     return args
+
+
+def check_ranges(args: Args) -> None:
+    """Each numeric flag in its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in none."""
+    for name, interval in RANGES.items():
+        low, high = (float(bound) for bound in interval[1:-1].split(","))
+        if (value := getattr(args, name)) is None:
+            continue
+        above = value > low if interval[0] == "(" else value >= low
+        below = value < high if interval[-1] == ")" else value <= high
+        if not (above and below):
+            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
+    if not args.exp_name or os.sep in args.exp_name:
+        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
 
 
 def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]]) -> None:
@@ -1314,19 +1301,6 @@ def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]
     for names, holds, why in rules:
         if typed := [name for name in names if holds and name in getattr(args, "typed", ())]:
             fail(f"--{typed[0].replace('_', '-')} {why}; leave it out")
-
-
-def one_line_help(cls: type) -> None:
-    """Each field's docstring (read from the classes Args is made of) joined into one line as its --help text: tyro keeps
-    an indented docstring's line breaks, which cut sentences in two, while its help box wraps one line to fit."""
-    types = {f.name: f.type for f in dataclasses.fields(cls)}  # as written: a second call wraps nothing twice
-    body = [node for part in cls.__bases__ for node in ast.parse(inspect.getsource(part)).body[0].body]
-    for field, doc in zip(body, body[1:], strict=False):
-        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-            name, text = field.target.id, " ".join(doc.value.value.split())
-            if name in RANGES and not RANGES[name].endswith("inf)"):  # a size flag's upper end, and the like
-                text += f" (range {RANGES[name]})"
-            cls.__annotations__[name] = typing.Annotated[types[name], tyro.conf.arg(help=text)]
 
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
@@ -1337,42 +1311,6 @@ def flag_value(argv: list[str], name: str, default: str) -> str:
         if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
             value = given if eq else argv[i + 1]
     return value
-
-
-def check_ranges(args: Args) -> None:
-    """Each numeric flag against its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in no range."""
-    for name, interval in RANGES.items():
-        if (value := getattr(args, name)) is None:
-            continue
-        low, high = (float(bound) for bound in interval[1:-1].split(","))
-        above = value > low if interval[0] == "(" else value >= low
-        below = value < high if interval[-1] == ")" else value <= high
-        if not (above and below):
-            fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
-    if not args.exp_name or os.sep in args.exp_name:
-        fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
-
-
-def check_extras(args: Args) -> None:
-    """Before the run: --capture-video needs imageio's ffmpeg plugin (else the first video fails, after the training before
-    it); --track needs wandb and, for process 0, its server, unless WANDB_MODE keeps the run on disk."""
-    video_packages = ("imageio", "imageio_ffmpeg") if getattr(args, "capture_video", False) else ()
-    if any(importlib.util.find_spec(name) is None for name in video_packages):
-        fix = "run pip install 'imageio[ffmpeg]', or leave out --capture-video"
-        fail(f"--capture-video writes MP4s with imageio and its ffmpeg plugin, which this Python lacks; {fix}")
-    if not args.track:
-        refuse_meaningless(args, [(("wandb_project_name", "wandb_entity", "wandb_tags"), True, "needs --track")])
-        return
-    if importlib.util.find_spec("wandb") is None:
-        fail("--track sends the run to Weights & Biases, and this Python lacks wandb; pip install wandb, or leave out --track")
-    if os.environ.get("RANK", "0") != "0" or os.environ.get("WANDB_MODE", "online") in ("offline", "disabled", "dryrun"):
-        return
-    url = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
-    try:  # a machine without network would otherwise wait out wandb.init's retries (90 s) before it fails
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=10).close()
-    except OSError as e:
-        fix = "check the network, or set WANDB_MODE=offline to keep the run on disk and upload it later with wandb sync"
-        fail(f"--track cannot reach Weights & Biases at {url.hostname} ({e.strerror or type(e).__name__}); {fix}")
 
 
 # The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes. A longer
@@ -1395,28 +1333,21 @@ def resumed_args(args: Args) -> Args:
         fail(f"{behind}: resumed, {again}; delete {finished} to do that anyway")
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
         if value == saved[name]:
             continue
         if name not in RESUMABLE:
-            fix = f"leave out {flag} (or pass {saved[name]}), or start a new run without --resume"
-            keeps = "a resumed run keeps the settings it learned with"
-            fail(f"{flag} {value} differs from the checkpoint's {saved[name]}, and {keeps}; {fix}")
-        # a length that ends where the checkpoint is, or before: the resumed run would stop at once
-        reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
-        if reached and value <= (at := state.get(reached[1], -1)):
-            fix = f"pass a {flag} above {at} to extend the run"
-            fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; {fix}")
+            keeps = f"differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it learned with"
+            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {saved[name]}), or start a new run without --resume")
+        if reached and value <= (at := state.get(reached[1], -1)):  # the resumed run would stop at once
+            fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; "
+                 f"pass a {flag} above {at} to extend the run")  # fmt: skip
         if os.environ.get("RANK", "0") == "0":
             print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
         saved[name] = value
     resumed = Args(**{**{k: v for k, v in saved.items() if k in defaults}, "resume": args.resume})
-    resumed.typed = args.typed
-    resumed.wandb_id = state.get("wandb_id")  # the W&B run that a tracked run goes on in (not a field, as typed)
+    resumed.typed, resumed.wandb_id = args.typed, state.get("wandb_id")  # the W&B run a tracked run goes on in
     return resumed
-
-
-def new_run_name(args: Args) -> str:
-    return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
 def make_run_dir(run_name: str) -> str:
@@ -1424,11 +1355,13 @@ def make_run_dir(run_name: str) -> str:
     run_dir = os.path.join("runs", run_name)
     try:
         os.makedirs(run_dir, exist_ok=True)
-        open(os.path.join(run_dir, ".writable"), "w").close()
-        os.remove(os.path.join(run_dir, ".writable"))
     except OSError as e:
         fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
     return run_dir
+
+
+def new_run_name(args: Args) -> str:
+    return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
 
 
 def seed_and_device(args: Args) -> torch.device:
@@ -1440,86 +1373,33 @@ def seed_and_device(args: Args) -> torch.device:
 
 
 def small_network_threads(device: torch.device, small: bool) -> None:
-    """One torch thread on the CPU for a small network (an MLP of vectors, a Q-table) unless OMP_NUM_THREADS says
-    otherwise: its operations are too short to pay for waking a sleeping second thread, and a spinning one costs most
-    of its speed on a busy machine (docs/speed.md)."""
+    """One torch thread on the CPU for a small network (an MLP, a Q-table) unless OMP_NUM_THREADS says otherwise: a
+    second thread does not pay for its waking, and one that spins takes most of a busy machine's speed."""
     if device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
 
 
 def say_device(device: torch.device, share: str = "") -> None:
     """A run's first line: where it trains; under torchrun, how many processes on how many machines, each `share`."""
-    threads = torch.get_num_threads()
+    threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
     print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
 
 
-def memory_free(device: torch.device) -> int:
-    """Bytes a new allocation can take: the GPU's free memory, or the host's MemAvailable (all of RAM without it)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def env_pool_bytes(env_id: str, num_envs: int) -> int:
-    """The env pool's host memory as measured with envpool 1.2 (resident after 50 random steps of 16 and 128 envs), MiB per
-    env and once per pool: Atari 1.25 (emulator and frame stack), Procgen 0.8 (0.4 to 1.2 by game) after 345 of assets,
-    classic control and toy text 0.008; MuJoCo 0.8, taken for every other family; a gymnasium env 0.064 (a guess)."""
-    if not envpool_has(env_id):
-        return int(0.064 * num_envs * 2**20)
-    family = type(envpool.make_spec(env_id)).__name__
-    classic = ("CartPole", "Acrobot", "MountainCar", "Pendulum", "Taxi", "FrozenLake", "CliffWalking", "NChain", "Blackjack")
-    other = (0.008, 1) if family.startswith(classic) else (0.8, 6)
-    mib_per_env, mib_once = {"AtariEnvSpec": (1.25, 5), "ProcgenEnvSpec": (0.8, 345)}.get(family, other)
-    return int((mib_once + mib_per_env * num_envs) * 2**20)
-
-
-def forward_floats(model: torch.nn.Module, forward, example: torch.Tensor) -> int:
-    """Floats that a forward pass of `example` leaves for the backward pass (each leaf module's output), under a forked RNG."""
-    counts = []
-
-    def count(module, inputs, out):  # a recurrent layer returns (outputs, state): the backward pass keeps the outputs
-        counts.append((out[0] if isinstance(out, tuple) else out).numel())
-
-    hooks = [m.register_forward_hook(count) for m in model.modules() if not any(m.children())]
-    with torch.random.fork_rng(), torch.no_grad():
-        forward(example)
-    for hook in hooks:
-        hook.remove()
-    return sum(counts)
-
-
-def network_bytes(build, trained: bool = True) -> int:
-    """Bytes of build()'s network (made on the meta device): float32 weights, and if trained, gradients and Adam's moments."""
-    with torch.random.fork_rng(), torch.device("meta"):
-        model = build()
-    return sum(p.numel() * p.element_size() for p in model.parameters()) * (4 if trained else 1)
-
-
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
-    """Refuses a run whose storage cannot fit, before anything starts: `stores` maps each store, named with the flags that
-    size it, to (bytes, device, fix). A tenth of free memory is left to what the reckoning leaves out; a warning above half."""
-    for device in dict.fromkeys(where for _, where, _ in stores.values()):
-        here = {name: store for name, store in stores.items() if store[1] == device}
-        need, free = sum(size for size, _, _ in here.values()), memory_free(device)
-        name, (largest, _, fix) = max(here.items(), key=lambda item: item[1][0])
-        memory = "GPU memory" if device.type == "cuda" else "memory"
-        gib = [f"{n / 2**30:.3g} GiB" if n < 1000 * 2**30 else f"{n / 2**40:.3g} TiB" for n in (largest, need, free)]
-        with_rest = f" ({gib[1]} with the rest of the run's storage)" if need > 1.05 * largest else ""
-        if need > 0.9 * free:
-            share = (0.9 * free - (need - largest)) / largest
-            fits = f" (about {share:.0%} of that fits)" if share >= 0.01 else ""
-            fail(f"{name} needs {gib[0]}{with_rest} and this machine has {gib[2]} of {memory} free; {fix}{fits}")
-        if need > 0.5 * free:
-            print(f"warning: {name} takes {gib[0]}{with_rest} of the {gib[2]} of {memory} free, which leaves little room "
-                  f"for the rest of this machine's work; to use less, {fix}")  # fmt: skip
+    """The run's big stores (a rollout, a replay buffer, a phase's frames), each named with the flags that size it, as
+    (bytes, device, fix): one that needs over 0.9 of its device's free memory is refused before anything starts."""
+    for name, (size, device, fix) in stores.items():
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+        else:
+            with open("/proc/meminfo") as f:
+                free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        if size > 0.9 * free:
+            memory = "GPU memory" if device.type == "cuda" else "memory"
+            fail(f"{name} needs {size / 2**30:.3g} GiB and this machine has {free / 2**30:.3g} GiB of {memory} free; {fix}")
 
 
 def rng_state(device: torch.device) -> dict:
@@ -1536,8 +1416,8 @@ def restore_rng(rng: dict, device: torch.device) -> None:
 
 
 def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
-    """Tensorboard events in run_dir; with --track, first (sync_tensorboard mirrors the writer) a W&B run named as the run
-    directory, or the resumed one its checkpoint names; W&B's files stay in ./wandb (in runs/ they would show as a run)."""
+    """Tensorboard events in run_dir; with --track, first a W&B run named as the run directory (or the resumed one) that
+    mirrors them; W&B's files stay in ./wandb (in runs/ they would show as a run)."""
     if args.track:
         import wandb
 
@@ -1545,12 +1425,11 @@ def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWrit
             run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=os.path.basename(run_dir),
                              tags=list(args.wandb_tags) or None, id=getattr(args, "wandb_id", None), resume="allow",
                              config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)  # fmt: skip
-        except Exception as e:  # W&B's own errors (no login, a refused key) as one line; a new run leaves no directory
+        except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
             if not os.listdir(run_dir) and not args.resume:
                 os.removedirs(run_dir)  # and runs/, if this was its only run
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            offline = "or set WANDB_MODE=offline to keep the run on disk for wandb sync"
-            fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login (or set WANDB_API_KEY), {offline}")
+            fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
         args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
     # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
@@ -1635,6 +1514,8 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
         torch.save({**marks, **state}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
     except (OSError, RuntimeError) as error:  # a full disk: torch's zip writer says only "unexpected pos"
+        with contextlib.suppress(OSError):
+            os.remove(f"{path}.tmp")
         cannot_write(path, error, args)
     if kind == "checkpoint":
         WRITTEN["checkpoint"] = (path, state.get("global_step"))
@@ -1650,51 +1531,66 @@ def non_finite(state, name: str = "") -> str | None:
     return name if isinstance(state, np.ndarray) and state.dtype.kind == "f" and not np.isfinite(state).all() else None
 
 
-def unwritable(error: BaseException) -> bool:
-    """A write that failed for want of room or rights: a full disk, a read-only one, or a folder removed under the run."""
-    if not isinstance(error, OSError):
-        return False
-    name = os.fsdecode(error.filename) if error.filename else None
-    gone = error.errno == errno.ENOENT and name is not None and not os.path.isdir(os.path.dirname(name) or ".")
-    return error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or gone
+class NonFinite(ValueError):
+    """A NaN or inf in the env's data (finite_step) or in training (check_training): the run ends in one line (run_main)."""
+
+
+# A write that failed for want of room or rights: a full disk or quota, a read-only disk, a folder removed under the run
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EACCES)
 
 
 def run_main(main, args) -> None:
-    """main(args); a write that fails for want of room or rights, or a NaN or inf (NonFinite), ends the run in one line
-    instead of a traceback from deep in a library, the events written up to it kept."""
-    # the events' thread: its error reaches the main thread at the next scalar, and is said there once
-    threading.excepthook = lambda hook: None if unwritable(hook.exc_value) else threading.__excepthook__(hook)
+    """main(args); a write that fails for want of room or rights, or a NaN or inf, ends the run in one line instead of a
+    traceback from deep in a library, the events written up to it kept (the events' thread says its error at the next)."""
+    threading.excepthook = lambda hook: getattr(hook.exc_value, "errno", 0) in UNWRITABLE or threading.__excepthook__(hook)
     try:
         main(args)
     except NonFinite as error:
         for writer in WRITTEN.get("writers", ()):
             writer.close()
-        kept = kept_checkpoint(args) if os.environ.get("RANK", "0") == "0" else "process 0 writes the run's checkpoints"
-        print(f"{SCRIPT}: error: {error}; {kept}", file=sys.stderr, flush=True)
+        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
         sys.exit(1)
     except OSError as error:
-        if not unwritable(error):
+        if error.errno not in UNWRITABLE:
             raise
         folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
-class NonFinite(ValueError):
-    """A NaN or inf in the env's data (finite_step) or in training (check_training): the run ends in one line (run_main)."""
+def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
+    """A file of the run that could not be written ends it in one line: the file, the cause, the checkpoint left."""
+    folder = os.path.dirname(path) or "."
+    cause = getattr(error, "strerror", None) or str(error).strip().splitlines()[0][:200]
+    if isinstance(error, RuntimeError) and os.path.isdir(folder) and shutil.disk_usage(folder).free < 1 << 20:
+        cause = "No space left on device"  # torch's zip writer on a full disk says only "unexpected pos"
+    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def kept_checkpoint(args) -> str:
+    kept, step = WRITTEN.get("checkpoint", (None, None))
+    if os.environ.get("RANK", "0") != "0":
+        return "process 0 writes the run's checkpoints"
+    if kept is None or not os.path.exists(kept):
+        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    at = f" (step {step:,})" if step is not None else ""
+    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
+
+
+def resume_command(args, run_dir: str) -> str:
+    processes = getattr(args, "world_size", 1)
+    launcher = f"torchrun --nproc_per_node {processes}" if processes > 1 else "python"
+    return f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
 
 
 def finite_step(out: tuple, global_step: int) -> tuple:
     """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
     anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
-    obs, reward = out[0], out[1]
-    if math.isfinite(np.add.reduce(reward)) and (obs.dtype.kind != "f" or math.isfinite(np.add.reduce(obs, axis=None))):
-        return out
-    for what, x in (("reward", reward), ("observation", obs)):
-        if x.dtype.kind == "f" and not (rows := np.isfinite(x.reshape(len(x), -1))).all():  # else the sum overflowed
-            env = int(np.flatnonzero(~rows.all(axis=1))[0])
+    for what, x in (("reward", out[1]), ("observation", out[0])):
+        if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not np.isfinite(x).all():
+            env = int(np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))[0])
             where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
-            value = x.reshape(len(x), -1)[env][~rows[env]][0]
-            raise NonFinite(f"the env's {what} is {value} at step {global_step:,} ({where}), and nothing learned from it")
+            raise NonFinite(f"the env's {what} is not finite at step {global_step:,} ({where}), and nothing learned from it")
     return out
 
 
@@ -1710,39 +1606,6 @@ def check_training(values: dict | list, global_step: int) -> dict | list:
             causes = "a learning rate too large, or rewards too large (scale them)"
             raise NonFinite(f"training turned non-finite at step {global_step:,} ({name} {value}): {causes}")
     return values
-
-
-def kept_checkpoint(args) -> str:
-    kept, step = WRITTEN.get("checkpoint", (None, None))
-    if kept is None or not os.path.exists(kept):
-        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
-    at = f" (step {step:,})" if step is not None else ""
-    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
-
-
-def resume_command(args, run_dir: str) -> str:
-    processes = getattr(args, "world_size", 1)
-    launcher = f"torchrun --nproc_per_node {processes}" if processes > 1 else "python"
-    return f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
-
-
-def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
-    """A file of the run that could not be written ends it in one line: the file, the cause, the checkpoint left."""
-    folder = os.path.dirname(path) or "."
-    if isinstance(error, OSError) and error.strerror:
-        cause = error.strerror
-    elif not os.path.isdir(folder):
-        cause = "its folder is gone"
-    elif not os.access(folder, os.W_OK):
-        cause = "its folder is read-only"
-    elif shutil.disk_usage(folder).free < 1 << 20:
-        cause = "No space left on device"
-    else:
-        cause = str(error).strip().splitlines()[0][:200]
-    with contextlib.suppress(OSError):
-        os.remove(f"{path}.tmp")
-    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-    sys.exit(1)
 
 
 # The numpy types a checkpoint holds (RNG state, host statistics), allowed by name to PyTorch's safe unpickler
@@ -1799,13 +1662,14 @@ def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
 
 
 def write_video(path: str | None, frames: list) -> None:
+    """A video is a view of the run, not its state: one that cannot be written is warned about, and the run goes on."""
     if path is not None and frames:
         import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
 
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             imageio.mimsave(path, frames, fps=30, macro_block_size=1)
-        except OSError as error:  # a video is a view of the run, not its state: the run goes on without it
+        except OSError as error:
             print(f"{SCRIPT}: warning: cannot write {path}: {error.strerror or error}; the run goes on", file=sys.stderr)
             with contextlib.suppress(OSError):
                 os.remove(path)  # no video cut short
@@ -1837,19 +1701,7 @@ def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
 
 
 def envpool_has(env_id: str) -> bool:
-    """Whether envpool has env_id ("module:Id" is gymnasium's): its families are registered cheapest first until one has
-    it, so that once it says no, envpool.list_all_envs() lists every id (a family it was built without is passed over)."""
-    if ":" in env_id:
-        return False
-    families = ("classic_control", "toy_text", "atari", "mujoco.gym", "procgen", "box2d", "minigrid", "vizdoom", "gfootball",
-                "mujoco.metaworld", "mujoco.myosuite", "mujoco.robotics", "highway", "pgx", "mujoco.dmc", "mujoco.playground",
-                "jumanji")  # fmt: skip
-    for family in families:
-        if env_id in envpool.list_all_envs():
-            return True
-        with contextlib.suppress(ModuleNotFoundError):
-            importlib.import_module(f"envpool.{family}.registration")
-    return env_id in envpool.list_all_envs()
+    return ":" not in env_id and env_id in envpool.list_all_envs()  # "module:Id" is gymnasium's
 
 
 if __name__ == "__main__":

@@ -4,8 +4,6 @@ same too, unless DIFFERENT below names them with the reason (or GROUPS, two vers
 
 import ast
 import difflib
-import subprocess
-import sys
 
 import pytest
 
@@ -96,24 +94,3 @@ def test_same_name_same_text_across_files():
                 if a != b:
                     problems.append(diff(a, b, f"{first}.py:{symbol}", f"{other}.py:{symbol}"))
     assert not problems, "same name, different text (make them one, or rename, or add to DIFFERENT):\n" + "\n".join(problems)
-
-
-@pytest.mark.parametrize("name", ALGORITHMS)
-def test_a_script_registers_only_the_envpool_families_up_to_its_envs(name):
-    """In a fresh process, importing a script and asking for CartPole registers envpool's classic control family alone
-    (not Jumanji's, whose renderer loads matplotlib); an id envpool lacks registers every family, so that the
-    suggestions for a mistyped id see every id."""
-    code = f"""
-import sys
-sys.path.insert(0, {str(ROOT / "algorithms")!r})
-import {name} as script
-assert script.envpool_has("CartPole-v1") and not script.envpool_has("gymnasium_module:CartPole-v1")
-families = [m for m in sys.modules if m.startswith("envpool.") and m.endswith(".registration")]
-loaded = sorted(set(families) - {{"envpool.registration"}})
-assert loaded == ["envpool.classic_control.registration"], loaded
-assert "matplotlib" not in sys.modules
-assert not script.envpool_has("NoSuchEnv-v0")
-assert "envpool.jumanji.registration" in sys.modules and "Pong-v5" in script.envpool.list_all_envs()
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]

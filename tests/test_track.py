@@ -139,10 +139,11 @@ def test_track_without_network_says_how_to_go_offline(tmp_path, monkeypatch):
     with socket.socket() as s:  # a port that nothing listens on: the connection is refused at once
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
-    proc = run_bad_input("ppo", ["--track"], tmp_path, "Acrobot-v1")
-    assert_one_error_line("ppo", proc, r"--track cannot reach Weights & Biases at 127\.0\.0\.1 .*set WANDB_MODE=offline")
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "0" * 40, "WANDB_MODE": "online", "WANDB_INIT_TIMEOUT": "10"}
+    env["WANDB_BASE_URL"] = f"http://127.0.0.1:{port}"
+    proc = run_algorithm("ppo", *TINY, "--track", cwd=tmp_path, env=env, check=False)
+    assert_one_error_line("ppo", proc, r"Weights & Biases did not start \(.*\).*set WANDB_MODE=offline")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_track_without_login_says_how_to_log_in_and_leaves_no_run_directory(tmp_path):
