@@ -1,16 +1,17 @@
-"""OpenAI evolution strategies (Salimans et al. 2017), one envpool batch per population; benchmark: `bash benchmark/es.sh`.
+"""OpenAI evolution strategies (Salimans et al. 2017), a population as one envpool batch; `bash benchmark/es.sh`.
 
-Reading guide: the algorithm comes first, down to the line that begins `# The algorithm ends here`: Args, the policy
-and its batched population form, the maths (antithetic perturbation, centered ranks, the ES gradient, observation
-statistics), one generation's rollout, and `main`, the loop of generations. Below that line: this file's machinery
-(presets, envs, torchrun, evaluation, checks), then the run plumbing all eight files share.
+Reading guide: the algorithm comes first, down to the line that begins `# The algorithm ends here`: Args, the
+policy and its batched population form, the maths (observation statistics, antithetic perturbation, centered
+ranks, the ES gradient), one generation's rollout, and `main`, the loop of generations. Below that line: this
+file's machinery (presets, envs, torchrun, evaluation, checks, the start and end of a run), then the run
+plumbing all eight files share.
 """
 
 import os
 from dataclasses import dataclass
 from typing import Literal
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -23,9 +24,9 @@ from torch import nn
 class Args:
     # --- algorithm ---
     num_generations: int = 100
-    """generations (one update of the mean parameters each); may be raised on --resume to extend a finished run"""
+    """generations (one update of the mean parameters each); raised on --resume, it extends a finished run"""
     population_size: int = 256
-    """members per generation over all processes: antithetic pairs, so even (and a multiple of 2 x processes)"""
+    """members per generation over all processes: antithetic pairs, so even (a multiple of 2 x processes)"""
     sigma: float = 0.02
     """standard deviation of the parameter noise"""
     learning_rate: float = 0.01
@@ -43,11 +44,11 @@ class Args:
     exp_name: str = "es"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
-    """envpool id (CartPole-v1, Pendulum-v1, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
+    """envpool id (CartPole-v1, Pendulum-v1, HalfCheetah-v4, ...) or any gymnasium id, 'module:Env-v0' too"""
     preset: Literal["auto", "classic", "control", "mujoco"] = "auto"
-    """a family's defaults: classic (32-32, 100 generations), control (Box-action classic control), mujoco (256-256, 500)"""
+    """defaults: classic (32-32, 100 generations), control (Box classic control), mujoco (256-256, 500)"""
     seed: int = 1
-    """seed of python, numpy, torch, the noise and the envs; on CPU the same seed gives the same run to the bit"""
+    """seed of python, numpy, torch, the noise and the envs; on CPU the same seed gives the same run"""
     torch_deterministic: bool = True
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
@@ -57,13 +58,13 @@ class Args:
     save_model: bool = False
     """save the final model to runs/<run>/es.model, then reload it from disk and evaluate it"""
     eval_every: int = 10
-    """evaluate the unperturbed mean policy every this many generations (0: only after training, with --save-model)"""
+    """evaluate the unperturbed mean policy every this many generations (0: at the end, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env)"""
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many generations (0: only on Ctrl-C / SIGTERM)"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
 
@@ -75,16 +76,15 @@ class Args:
 
 
 # --- the policy, one member alone and the whole population in one batched pass ---
+# Huang et al. 2022, detail 2: orthogonal weights, zero biases
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
 class Policy(nn.Module):
-    """Deterministic tanh MLP, one member alone: logits (Discrete, acted on by argmax) or pre-tanh actions (Box).
-
+    """Deterministic tanh MLP, one member alone: logits (Discrete, argmax acts) or pre-tanh actions (Box).
     ES perturbs the flat vector of its parameters (parameters_to_vector order: weight, bias per layer)."""
 
     def __init__(self, obs_dim: int, n_out: int, hidden_sizes: tuple[int, ...]):
@@ -103,8 +103,8 @@ class Policy(nn.Module):
         return [(m.out_features, m.in_features) for m in self.net if isinstance(m, nn.Linear)]
 
 
-def stack_layers(thetas: torch.Tensor, layer_shapes: list[tuple[int, int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(P, D) flat parameters -> per layer (weights (P, in, out), biases (P, 1, out)), contiguous, ready for baddbmm."""
+def stack_layers(thetas: torch.Tensor, layer_shapes: list[tuple[int, int]]) -> list[tuple]:
+    """(P, D) parameters -> per layer: weights (P, in, out) and biases (P, 1, out), contiguous for baddbmm."""
     layers, offset, num = [], 0, thetas.shape[0]
     for n_out, n_in in layer_shapes:
         w = thetas[:, offset : offset + n_out * n_in].reshape(num, n_out, n_in).transpose(1, 2).contiguous()
@@ -119,7 +119,7 @@ def population_forward(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch
     """Every member's network on its own observation in one batched pass: x (P, obs_dim) -> (P, n_out)."""
     h = x.unsqueeze(1)
     for i, (w, b) in enumerate(layers):
-        if w.shape[1] <= 8:  # few inputs (a classic control observation): multiply-and-sum beats the CPU's bmm 2x
+        if w.shape[1] <= 8:  # few inputs (classic control): multiply-and-sum beats the CPU's bmm 2x
             h = (h.transpose(1, 2) * w).sum(1, keepdim=True) + b
         else:
             h = torch.baddbmm(b, h, w)
@@ -135,6 +135,13 @@ def to_action(out: torch.Tensor, low: torch.Tensor | None, high: torch.Tensor | 
     return low + (torch.tanh(out) + 1.0) * 0.5 * (high - low)
 
 
+def tanh_bounds(space: gym.Space, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Box: the float32 action bounds that to_action scales tanh to, on the device; Discrete: (None, None)."""
+    if not isinstance(space, gym.spaces.Box):
+        return None, None
+    return tuple(torch.as_tensor(b, dtype=torch.float32, device=device) for b in (space.low, space.high))
+
+
 # --- the maths: observation statistics, noise, antithetic perturbation, centered ranks, the ES gradient ---
 def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
@@ -145,22 +152,51 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-def update_from_sums(rms: "RunningMeanStd", total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor) -> None:
-    """Merge the sums of x and x^2 over count observations into rms (what the processes exchange, not the observations)."""
+class ObsStatistics:
+    """Running mean and variance of the observations acted on, in float64 on the device; every process keeps
+    the same, merged from the sums of every member's observations after each generation (update_from_sums)."""
+
+    def __init__(self, shape: tuple, device: torch.device):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+
+    def state_dict(self) -> dict:
+        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
+
+
+def update_from_sums(rms: ObsStatistics, total: torch.Tensor, total_sq: torch.Tensor, count: torch.Tensor):
+    """Merge count observations, given by their sums of x and x^2 (what the processes exchange), into rms."""
     if count <= 0:
         return
     batch_mean = total / count
     batch_var = (total_sq / count - batch_mean**2).clamp(min=0.0)
-    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, batch_mean, batch_var, count)
+    merged = update_mean_var_count(rms.mean, rms.var, rms.count, batch_mean, batch_var, count)
+    rms.mean, rms.var, rms.count = merged
 
 
-def normalize_frozen(obs: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, clip: float = 5.0) -> torch.Tensor:
+def frozen_normalizer(rms: ObsStatistics | None, obs_dim: int, device: torch.device):
+    """(shift, scale) in float32, fixed for a generation: all its members see the same statistics."""
+    if rms is None:
+        return torch.zeros(obs_dim, device=device), torch.ones(obs_dim, device=device)
+    return rms.mean.float(), torch.sqrt(rms.var + 1e-8).float()
+
+
+def normalize_frozen(obs: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, clip: float = 5.0):
     # Salimans et al.'s code clips normalised observations to +-5
     return ((obs - shift) / scale).clamp(-clip, clip)
 
 
+def pair_seed(seed: int, generation: int, pair: int) -> int:
+    """The seed of pair `pair`'s noise in `generation`: a function of those alone, not of the process."""
+    return int(np.random.SeedSequence([seed, generation, pair]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def pair_noise(seed: int, generation: int, pairs: range, dim: int, device: torch.device) -> torch.Tensor:
-    """Noise of the given pairs, (len(pairs), dim), regenerated from their seeds (so processes exchange no noise)."""
+    """Noise of the given pairs, (len(pairs), dim), regenerated from their seeds (processes exchange none)."""
     noise = torch.empty((len(pairs), dim), device=device)
     gen = torch.Generator(device=device)
     for row, pair in enumerate(pairs):
@@ -170,78 +206,103 @@ def pair_noise(seed: int, generation: int, pairs: range, dim: int, device: torch
 
 
 def perturb(theta: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
-    """Antithetic population: member 2j is theta + sigma eps_j, member 2j + 1 is theta - sigma eps_j. (2 pairs, D)."""
+    """Antithetic population (2 pairs, D): member 2j is theta + sigma eps_j, 2j + 1 is theta - sigma eps_j."""
     signed = torch.stack([noise, -noise], dim=1).reshape(-1, noise.shape[1])
     return theta.unsqueeze(0) + sigma * signed
 
 
 def centered_ranks(fitness: torch.Tensor) -> torch.Tensor:
-    """Fitness shaping of Salimans et al. 2017: ranks 0..P-1 scaled to [-0.5, 0.5]; ties share their mean rank (the
-    starter code breaks them by sort order), so a pair whose members score the same pushes nowhere."""
+    """Fitness shaping of Salimans et al. 2017: ranks 0..P-1 scaled to [-0.5, 0.5]. Ties share their mean rank
+    (the starter code breaks them by sort order), so a pair whose members tie pushes nowhere."""
     num = fitness.numel()
     order = torch.argsort(fitness, stable=True)
     ranks = torch.empty(num, dtype=torch.float64, device=fitness.device)
     ranks[order] = torch.arange(num, dtype=torch.float64, device=fitness.device)
     _, inverse, counts = torch.unique(fitness, return_inverse=True, return_counts=True)
-    mean_rank = torch.zeros(counts.numel(), dtype=torch.float64, device=fitness.device).index_add_(0, inverse, ranks)
-    return (mean_rank / counts)[inverse] / (num - 1) - 0.5
+    rank_sums = torch.zeros(counts.numel(), dtype=torch.float64, device=fitness.device)
+    rank_sums.index_add_(0, inverse, ranks)
+    return (rank_sums / counts)[inverse] / (num - 1) - 0.5
 
 
 def es_gradient(shaped: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
-    """The ES estimate of grad E[F(theta + sigma eps)]: 1 / (P sigma) sum_i F_i eps_i over the antithetic population
-    (eps_2j = eps_j, eps_2j+1 = -eps_j), i.e. sum_j (F_2j - F_2j+1) eps_j / (P sigma)."""
+    """The ES estimate of grad E[F(theta + sigma eps)]: 1 / (P sigma) sum_i F_i eps_i over the antithetic
+    population (eps_2j = eps_j, eps_2j+1 = -eps_j), i.e. sum_j (F_2j - F_2j+1) eps_j / (P sigma)."""
     weights = (shaped[0::2] - shaped[1::2]).to(noise.dtype)
     return weights @ noise / (shaped.numel() * sigma)
 
 
+# --- one generation's episodes ---
+def generation_env_seed(seed: int, generation: int) -> int:
+    """Member 0's env seed in a generation (member m's is this + m): new envs each time (docs/es.md, detail 5)."""
+    return int(np.random.SeedSequence([seed, generation]).generate_state(1)[0] % 2**30)
+
+
+@dataclass
+class Episodes:
+    """A generation's episodes by name: views of one float64 row per member (return, length, the sums of the
+    observations acted on and of their squares), the rows that rollout fills and the processes exchange."""
+
+    returns: np.ndarray | torch.Tensor
+    lengths: np.ndarray | torch.Tensor
+    obs_sum: np.ndarray | torch.Tensor
+    obs_sq: np.ndarray | torch.Tensor
+
+    @staticmethod
+    def of(rows: np.ndarray | torch.Tensor, obs_dim: int) -> "Episodes":
+        obs_sum = rows[:, 2 : 2 + obs_dim]
+        obs_sq = rows[:, 2 + obs_dim :]
+        return Episodes(returns=rows[:, 0], lengths=rows[:, 1], obs_sum=obs_sum, obs_sq=obs_sq)
+
+
 def rollout(envs, layers, shift, scale, low, high, horizon: int, device: torch.device, global_step: int = 0):
-    """Each env plays one episode with its member's parameters, all in one batch; the steps after a member's done (a
-    reset step, then a new episode) do not count. Returns (members, 2 + 2 obs_dim) float64 rows, what the processes
-    exchange: return, length, the sums of the observations acted on and of their squares; and the env steps taken."""
+    """Each env plays one episode with its member's parameters, all in one batch until the longest ends; the
+    steps after a member's done (a reset step, a new episode) do not count. Returns the rows of Episodes."""
     obs, _ = envs.reset()
-    num = obs.shape[0]
+    num, obs_dim = obs.shape
+    rows = np.zeros((num, 2 + 2 * obs_dim))
+    episodes = Episodes.of(rows, obs_dim)  # views: what is added to them lands in rows
     alive = np.ones(num, dtype=bool)
-    fitness, lengths = np.zeros(num), np.zeros(num)
-    obs_sum, obs_sq = np.zeros(obs.shape), np.zeros(obs.shape)
-    steps = 0
-    for _ in range(horizon):
+    for t in range(horizon):
         o = np.asarray(obs, dtype=np.float64) * alive[:, None]
-        obs_sum += o
-        obs_sq += o * o
+        episodes.obs_sum += o
+        episodes.obs_sq += o * o
         x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
         with torch.no_grad():
             action = to_action(population_forward(layers, x), low, high).cpu().numpy()
-        obs, reward, term, trunc, _ = finite_step(envs.step(action), global_step + steps + num)  # NaN/inf: one line
-        steps += num
-        fitness += np.where(alive, reward, 0.0)
-        lengths += alive
+        # a NaN or inf from the env ends the run in one line
+        obs, reward, term, trunc, _ = finite_step(envs.step(action), global_step + (t + 1) * num)
+        episodes.returns += np.where(alive, reward, 0.0)
+        episodes.lengths += alive
         alive &= ~(term | trunc)
         if not alive.any():
             break
-    return np.concatenate([fitness[:, None], lengths[:, None], obs_sum, obs_sq], axis=1), steps
+    return rows
 
 
 def main(args: Args) -> None:
-    # --- set-up: checks, processes, device, storage, checkpoint, run directory, writer (machinery below the marker) ---
+    # --- set-up: checks, processes, device, storage, checkpoint, run directory, writer (below the marker) ---
     run = start_run(args)  # under torchrun, one process per share of the population; only process 0 writes
-    rank, device, writer, progress = run.rank, run.device, run.writer, run.progress
+    device = run.device
+    writer = run.writer
+    progress = run.progress
     continuous = isinstance(run.action_space, gym.spaces.Box)
     obs_dim = run.obs_space.shape[0]
     n_out = int(np.prod(run.action_space.shape)) if continuous else int(run.action_space.n)
 
-    # the same seed gives every process the same initial parameters, theta, which ES perturbs as one flat vector
+    # the same seed gives every process the same initial parameters, theta, which ES perturbs as one vector
     policy = Policy(obs_dim, n_out, args.hidden_sizes)
     theta = nn.utils.parameters_to_vector(policy.parameters()).detach().to(device).requires_grad_(True)
     policy = policy.to(device)
     # Adam's defaults are the starter code's (beta1 0.9, beta2 0.999, epsilon 1e-8)
     optimizer = torch.optim.Adam([theta], lr=args.learning_rate)
-    obs_rms = RunningMeanStd((obs_dim,), device) if args.norm_obs else None
-    global_step, start_generation = restore_run(run, policy, theta, optimizer, obs_rms)  # (0, 1) unless resumed
+    obs_rms = ObsStatistics((obs_dim,), device) if args.norm_obs else None
+    global_step, start_generation = restore_run(run, policy, theta, optimizer, obs_rms)  # 0, 1 unless resumed
 
     # this process's slice of the population: members first_member .. first_member + members - 1
     members = args.population_size // args.world_size
-    first_member = rank * members
-    my_pairs, all_pairs = range(first_member // 2, (first_member + members) // 2), range(args.population_size // 2)
+    first_member = run.rank * members
+    my_pairs = range(first_member // 2, (first_member + members) // 2)
+    all_pairs = range(args.population_size // 2)
     low, high = tanh_bounds(run.action_space, device)  # (None, None) for Discrete actions: the argmax acts
     layer_shapes = policy.layer_shapes()
 
@@ -253,30 +314,31 @@ def main(args: Args) -> None:
             layers = stack_layers(thetas, layer_shapes)
         shift, scale = frozen_normalizer(obs_rms, obs_dim, device)
 
-        # --- evaluate the population: one episode per member, the slice in one batch; env i plays first_member + i ---
+        # --- play: one episode per member, the slice in one batch (env i plays member first_member + i) ---
         envs = make_env(args.env_id, members, generation_env_seed(args.seed, generation) + first_member)
-        results, _ = rollout(envs, layers, shift, scale, low, high, args.horizon, device, global_step)
+        rows = rollout(envs, layers, shift, scale, low, high, args.horizon, device, global_step)
         envs.close()
-        # torchrun: the processes exchange fitness, length and observation sums per member, nothing else
-        results = gather_rows(torch.as_tensor(results, device=device), args.world_size)
-        fitness, lengths = results[:, 0], results[:, 1]
+        # torchrun: the processes exchange one row per member (return, length, observation sums), nothing else
+        rows = gather_rows(torch.as_tensor(rows, device=device), args.world_size)
+        episodes = Episodes.of(rows, obs_dim)
 
         # --- ranks and gradient, then the update: weight decay and Adam ---
         with torch.no_grad():
-            grad = es_gradient(centered_ranks(fitness), noise, args.sigma)
+            grad = es_gradient(centered_ranks(episodes.returns), noise, args.sigma)
             # the starter code feeds Adam -g + l2coeff * theta with g = sum_i F_i eps_i / P, i.e. sigma * grad
             theta.grad = -(args.sigma * grad) + args.l2_coef * theta.detach()
         optimizer.step()
         if obs_rms is not None:  # the next generation's statistics, from every member's real steps
-            update_from_sums(obs_rms, results[:, 2 : 2 + obs_dim].sum(0), results[:, 2 + obs_dim :].sum(0), lengths.sum())
-        host = torch.cat([fitness, lengths, grad.norm().double()[None], theta.detach().sum().double()[None]]).cpu().numpy()
-        P = args.population_size  # one host sync per generation, above; a NaN or inf in the gradient or theta: one line
-        ep_returns, ep_lengths, (grad_norm, theta_sum) = host[:P], host[P : 2 * P], host[-2:]
+            update_from_sums(obs_rms, episodes.obs_sum.sum(0), episodes.obs_sq.sum(0), episodes.lengths.sum())
+        # on the host, once a generation: the episodes to log, the gradient and parameters to check for NaN
+        ep_returns = episodes.returns.cpu().numpy()
+        ep_lengths = episodes.lengths.cpu().numpy()
+        grad_norm = grad.norm().item()
         global_step += int(ep_lengths.sum())
-        check_training({"grad norm": grad_norm, "parameter sum": theta_sum}, global_step)
+        check_training({"grad norm": grad_norm, "parameter sum": theta.detach().sum().item()}, global_step)
 
         # --- logging (process 0): every member's episode, then the generation's aggregates ---
-        if rank == 0:
+        if run.rank == 0:
             progress.log_episodes(writer, ep_returns, ep_lengths, global_step)
             writer.add_scalar("charts/population_mean_return", ep_returns.mean(), global_step)
             writer.add_scalar("charts/max_return", ep_returns.max(), global_step)
@@ -284,24 +346,8 @@ def main(args: Args) -> None:
             extra = f" | population mean {ep_returns.mean():.1f} max {ep_returns.max():.1f} | step {global_step:,}"
             progress.log(writer, global_step, generation, extra, force=generation == args.num_generations)
 
-        # --- evaluation of the unperturbed mean policy (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(generation, 1, args.eval_every):
-            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
-            with progress.paused():
-                log_eval(
-                    writer, evaluate(policy, obs_rms, args, device, video_path(args, run.run_dir, generation)), global_step
-                )
-        stopping = stop_everywhere(run.stop, args.world_size, device)  # torchrun: the same answer on every process
-        if rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stopping):
-            nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
-            save_checkpoint(
-                os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
-                model=policy.state_dict(), optimizer=optimizer.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None,
-                global_step=global_step, generation=generation, rng=rng_state(device),
-            )  # fmt: skip
-        if stopping:
-            stop_processes_and_exit(run.stop, writer, args, run.run_dir, f"generation {generation} (step {global_step:,})")
+        # --- evaluation of the mean policy, checkpoint (process 0), stop requests (every process at once) ---
+        evaluate_checkpoint_or_stop(run, args, generation, global_step, policy, theta, optimizer, obs_rms)
 
     # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (process 0) ---
     end_run(args, run, policy, theta, obs_rms, global_step)
@@ -420,17 +466,7 @@ def can_render(env_id: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-def generation_env_seed(seed: int, generation: int) -> int:
-    """Env seed of member 0 in `generation` (member m's: this + m); fresh envs every generation (docs/es.md, detail 5)."""
-    return int(np.random.SeedSequence([seed, generation]).generate_state(1)[0] % 2**30)
-
-
-def pair_seed(seed: int, generation: int, pair: int) -> int:
-    """The seed of antithetic pair `pair`'s noise in `generation`: a function of those alone, not of the process."""
-    return int(np.random.SeedSequence([seed, generation, pair]).generate_state(1, np.uint64)[0] >> 1)
-
-
-# --- running statistics, gathered over the processes under torchrun ---
+# --- several processes (torchrun): what one process alone does not need ---
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
     process: its own rows, as they are."""
@@ -441,37 +477,6 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
-    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
-        self.var = torch.ones(shape, dtype=torch.float64, device=device)
-        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
-        self.world_size = world_size
-
-    def update(self, x: torch.Tensor) -> None:
-        x = gather_rows(x.double(), self.world_size)
-        self.mean, self.var, self.count = update_mean_var_count(
-            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        )
-
-    def state_dict(self) -> dict:
-        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
-
-
-def frozen_normalizer(rms: RunningMeanStd | None, obs_dim: int, device: torch.device):
-    """(shift, scale) in float32, fixed for a generation: every member of a generation sees the same statistics."""
-    if rms is None:
-        return torch.zeros(obs_dim, device=device), torch.ones(obs_dim, device=device)
-    return rms.mean.float(), torch.sqrt(rms.var + 1e-8).float()
-
-
-# --- several processes (torchrun): what one process alone does not need ---
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
     """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
     enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
@@ -564,14 +569,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
 
 
 # --- evaluation, storage reckoning, argument checks ---
-def tanh_bounds(space: gym.Space, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Box: the float32 action bounds that to_action scales tanh to, on the device; Discrete: (None, None)."""
-    if not isinstance(space, gym.spaces.Box):
-        return None, None
-    return tuple(torch.as_tensor(b, dtype=torch.float32, device=device) for b in (space.low, space.high))
-
-
-def evaluate(policy: Policy, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
+def evaluate(policy: Policy, obs_rms: ObsStatistics | None, args: Args, device: torch.device, video: str | None = None):
     """The returns of one episode (up to the horizon) on each of args.eval_episodes envs, statistics frozen; video: env 0's."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
     low, high = tanh_bounds(envs.single_action_space, device)
@@ -685,6 +683,27 @@ def restore_run(run: types.SimpleNamespace, policy: Policy, theta, optimizer, ob
     return ckpt["global_step"], ckpt["generation"] + 1
 
 
+def evaluate_checkpoint_or_stop(run, args: Args, generation: int, global_step: int, policy, theta, optimizer, obs_rms):
+    """After each generation, process 0 evaluates the unperturbed mean policy (every --eval-every generations) and
+    writes a checkpoint (every --checkpoint-every, and on a stop); a stop asked of any process stops them all."""
+    if run.rank == 0:
+        nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+    if run.rank == 0 and crossed(generation, 1, args.eval_every):
+        with run.progress.paused():
+            returns = evaluate(policy, obs_rms, args, run.device, video_path(args, run.run_dir, generation))
+            log_eval(run.writer, returns, global_step)
+    stopping = stop_everywhere(run.stop, args.world_size, run.device)  # torchrun: the same answer on every process
+    if run.rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stopping):
+        save_checkpoint(
+            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+            model=policy.state_dict(), optimizer=optimizer.state_dict(),
+            obs_rms=obs_rms.state_dict() if obs_rms else None,
+            global_step=global_step, generation=generation, rng=rng_state(run.device),
+        )  # fmt: skip
+    if stopping:
+        stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"generation {generation} (step {global_step:,})")
+
+
 def end_run(args: Args, run: types.SimpleNamespace, policy: Policy, theta, obs_rms, global_step: int) -> None:
     """The processes leave together; process 0 saves the final model, reloads it from disk, evaluates it, and finishes."""
     end_processes(args.world_size)
@@ -705,7 +724,7 @@ def end_run(args: Args, run: types.SimpleNamespace, policy: Policy, theta, obs_r
         (_, obs_dim), (n_out, _) = policy.layer_shapes()[0], policy.layer_shapes()[-1]
         eval_policy = Policy(obs_dim, n_out, tuple(state["args"]["hidden_sizes"])).to(run.device)
         eval_policy.load_state_dict(state["model"])
-        eval_rms = RunningMeanStd((obs_dim,), run.device) if state["obs_rms"] is not None else None
+        eval_rms = ObsStatistics((obs_dim,), run.device) if state["obs_rms"] is not None else None
         if eval_rms is not None:
             eval_rms.load_state_dict(state["obs_rms"])
         evaluation = evaluate(eval_policy, eval_rms, args, run.device, video_path(args, run.run_dir))

@@ -89,7 +89,7 @@ with tempfile.TemporaryDirectory() as tmp:  # a trained population: every member
     model = es.load_checkpoint(os.path.join(run, "es.model"), es.Args.env_id, kind="model")  # the safe loader
 policy = es.Policy(4, 2, tuple(model["args"]["hidden_sizes"]))
 policy.load_state_dict(model["model"])
-rms = es.RunningMeanStd((4,), torch.device("cpu"))
+rms = es.ObsStatistics((4,), torch.device("cpu"))
 rms.load_state_dict(model["obs_rms"])
 shift, scale = es.frozen_normalizer(rms, 4, torch.device("cpu"))
 theta = torch.nn.utils.parameters_to_vector(policy.parameters()).detach()
@@ -99,7 +99,8 @@ while time.perf_counter() - start < 10.0:
     noise = es.pair_noise(1, generation, range(P // 2), theta.numel(), torch.device("cpu"))
     layers = es.stack_layers(es.perturb(theta, noise, 0.02), policy.layer_shapes())
     envs = es.make_env(env_id, P, es.generation_env_seed(1, generation))
-    steps += es.rollout(envs, layers, shift, scale, None, None, 500, torch.device("cpu"))[1]
+    episodes = es.Episodes.of(es.rollout(envs, layers, shift, scale, None, None, 500, torch.device("cpu")), 4)
+    steps += P * int(episodes.lengths.max())  # every env steps until the longest episode ends
     envs.close()
 rollout_sps = steps / (time.perf_counter() - start)
 random_sps = env_sps()

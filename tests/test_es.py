@@ -106,16 +106,16 @@ def test_rollout_counts_each_member_until_its_own_done_and_never_after():
     thetas = es.perturb(theta, torch.randn(3, theta.numel()), 1.0)  # very different members: very different lengths
     shift, scale = torch.zeros(4), torch.ones(4)
     layers = es.stack_layers(thetas, policy.layer_shapes())
-    batch, steps = es.rollout(es.make_env("CartPole-v1", 6, 100), layers, shift, scale, None, None, 500, CPU_DEVICE)
-    lengths = batch[:, 1]
-    assert lengths.min() < lengths.max() and steps == 6 * lengths.max()
+    batch = es.rollout(es.make_env("CartPole-v1", 6, 100), layers, shift, scale, None, None, 500, CPU_DEVICE)
+    episodes = es.Episodes.of(batch, 4)
+    assert episodes.lengths.min() < episodes.lengths.max()
     for i in range(6):
-        alone, _ = es.rollout(
+        alone = es.rollout(
             es.make_env("CartPole-v1", 1, 100 + i), es.stack_layers(thetas[i : i + 1], policy.layer_shapes()),
             shift, scale, None, None, 500, CPU_DEVICE,
         )  # fmt: skip
         np.testing.assert_array_equal(batch[i], alone[0])
-    assert np.array_equal(batch[:, 0], lengths)  # CartPole pays 1 a step: nothing after done was counted
+    assert np.array_equal(episodes.returns, episodes.lengths)  # CartPole pays 1 a step: nothing after done was counted
 
 
 # ---------------------------------------------------------------------------------------------------------------

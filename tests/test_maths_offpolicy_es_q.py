@@ -282,11 +282,11 @@ def test_es_update_mean_var_count_equals_numpy_over_the_concatenation(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_es_update_from_sums_equals_numpy_over_the_concatenation(seed):
     """The sums of x and x^2 over n observations, merged into running statistics, give numpy's moments over all the
-    observations; from a fresh RunningMeanStd, those of the data plus its prior (mass 1e-4 at mean 0, variance 1);
+    observations; from fresh ObsStatistics, those of the data plus its prior (mass 1e-4 at mean 0, variance 1);
     count 0 changes nothing. Fails if the batch variance is not E[x^2] - E[x]^2 or the count is mishandled."""
     rng = np.random.default_rng(seed)
     first, second = rng.normal(2.0, 3.0, size=(17, 4)), rng.normal(-1.0, 0.5, size=(9, 4))
-    rms = es.RunningMeanStd((4,), torch.device("cpu"))
+    rms = es.ObsStatistics((4,), torch.device("cpu"))
     rms.mean, rms.var, rms.count = (f64(m) for m in moments(first))
     es.update_from_sums(rms, f64(second.sum(0)), f64((second**2).sum(0)), f64(len(second)))
     both = np.concatenate([first, second])
@@ -297,7 +297,7 @@ def test_es_update_from_sums_equals_numpy_over_the_concatenation(seed):
     es.update_from_sums(rms, f64(np.zeros(4)), f64(np.zeros(4)), f64(0.0))  # no observation this generation
     assert all(torch.equal(a, b) for a, b in zip(before, (rms.mean, rms.var, rms.count), strict=True))
     # fresh statistics: the weighted moments of the prior pseudo-observation and the data
-    fresh, prior = es.RunningMeanStd((4,), torch.device("cpu")), 1e-4
+    fresh, prior = es.ObsStatistics((4,), torch.device("cpu")), 1e-4
     es.update_from_sums(fresh, f64(both.sum(0)), f64((both**2).sum(0)), f64(len(both)))
     mass = prior + len(both)
     mean = both.sum(0) / mass
@@ -310,7 +310,7 @@ def test_es_update_from_sums_merges_a_single_observation():
     if a count of 1 is skipped as if nothing had been observed."""
     rng = np.random.default_rng(7)
     first, one = rng.normal(size=(5, 3)), rng.normal(size=(1, 3))
-    rms = es.RunningMeanStd((3,), torch.device("cpu"))
+    rms = es.ObsStatistics((3,), torch.device("cpu"))
     rms.mean, rms.var, rms.count = (f64(m) for m in moments(first))
     es.update_from_sums(rms, f64(one.sum(0)), f64((one**2).sum(0)), f64(1.0))
     both = np.concatenate([first, one])
@@ -324,7 +324,7 @@ def test_es_update_from_sums_never_makes_a_negative_variance():
     variance 0: the variance stays >= 0 (sqrt(var + 1e-8) is taken later). Fails without the clamp at 0."""
     x = [0.1, 0.1, 0.1]
     assert sum(v * v for v in x) / 3 - (sum(x) / 3) ** 2 < 0  # the rounding the clamp is there for
-    rms = es.RunningMeanStd((1,), torch.device("cpu"))
+    rms = es.ObsStatistics((1,), torch.device("cpu"))
     rms.mean, rms.var, rms.count = f64([0.1]), f64([0.0]), f64(5.0)
     es.update_from_sums(rms, f64([sum(x)]), f64([sum(v * v for v in x)]), f64(3.0))
     assert rms.var.item() >= 0.0 and rms.var.item() == pytest.approx(0.0, abs=1e-15)

@@ -40,8 +40,8 @@ DIFFERENT = {
 # Same name, two versions: each group's files read the same.
 GROUPS = {
     # on the host in numpy where a step's row of env output is normalised (vectors, rewards), on the device where
-    # frames or a population's returns are
-    "RunningMeanStd": (("a2c", "ppg_procgen", "ppo"), ("es", "rnd_ppo")),
+    # frames are (es.py keeps its own ObsStatistics, merged from sums)
+    "RunningMeanStd": (("a2c", "ppg_procgen", "ppo"), ("rnd_ppo",)),
 }
 
 
