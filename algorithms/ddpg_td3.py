@@ -1,17 +1,17 @@
-"""DDPG (Lillicrap et al. 2016) and TD3 (Fujimoto et al. 2018) in one file; benchmark: `bash benchmark/ddpg_td3.sh`.
+"""DDPG (Lillicrap et al. 2016) and TD3 (Fujimoto et al. 2018) in one file; benchmark: benchmark/ddpg_td3.sh.
 
-Reading guide: from here to the line `# The algorithm ends here` is the algorithm: Args, the actor and the batched
-critics, the maths (target policy smoothing, the TD target, Polyak averaging, exploration noise), the critic and the
-delayed actor updates, and main, the training loop. Below that line: this file's machinery (presets, envs, the replay
-buffer, evaluation, storage, argument checks, start_run and end_run), then the run plumbing all eight files share.
+Reading guide: from here to the line `# The algorithm ends here` is the algorithm: Args, the actor and the
+batched critics, the maths (target policy smoothing, the TD target, Polyak averaging, exploration noise), the
+critic and the delayed actor updates, the replay buffer, and main, the training loop. Below that line: this
+file's machinery (presets, envs, evaluation, storage, checks, the start, checkpoints and end of a run), then
+the run plumbing all eight files share.
 """
 
 import os
-import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -21,9 +21,9 @@ from torch import nn
 
 @dataclass
 class Args:
-    # --- algorithm (the mujoco preset's values; --algo and --preset, below the marker, set several at once) ---
+    # --- algorithm (the mujoco preset's values; --algo and --preset, below the marker, set several) ---
     algo: Literal["td3", "ddpg"] = "td3"
-    """td3: twin critics and target policy smoothing; ddpg: neither; both delay the actor; each flag given wins"""
+    """td3: twin critics, target policy smoothing; ddpg: neither; both delay the actor; a flag given wins"""
     total_timesteps: int = 1_000_000
     """total env steps over all envs; raised on --resume, it extends a finished or stopped run"""
     learning_rate: float = 3e-4
@@ -41,13 +41,13 @@ class Args:
     hidden_size: int = 256
     """width of the two hidden ReLU layers of the actor and of each critic"""
     exploration_noise: float = 0.1
-    """std of the Gaussian noise on the actor's action while training, in units of the half-range of the action bounds"""
+    """std of the Gaussian noise on the actor's action in training, in half-ranges of the bounds"""
     learning_starts: int = 25_000
     """env steps of uniformly random actions gathered before the first gradient step"""
     twin_critics: bool = True
     """TD3's clipped double Q: two critics, the target takes their minimum (DDPG: one critic)"""
     policy_frequency: int = 2
-    """delayed updates: one actor and target update per this many critic updates (1: the DDPG of Lillicrap et al.)"""
+    """one actor and target update per this many critic updates (TD3's delay; 1: Lillicrap's DDPG)"""
     target_policy_smoothing: bool = True
     """TD3's target policy smoothing: clipped Gaussian noise on the target action (DDPG: none)"""
     policy_noise: float = 0.2
@@ -56,9 +56,9 @@ class Args:
     """the smoothing noise is clipped to +-noise_clip (same units as --policy-noise)"""
     # --- run settings ---
     env_id: str = "Hopper-v4"
-    """envpool id (Hopper-v4, HalfCheetah-v5, Pendulum-v1, ...) or any gymnasium id with Box actions, 'module:Env-v0' too"""
+    """envpool id (Hopper-v4, Pendulum-v1, ...) or a gymnasium id with Box actions, module:Env-v0 too"""
     preset: Literal["auto", "classic", "mujoco"] = "auto"
-    """defaults for a family: mujoco (CleanRL's) or classic (Pendulum-v1); auto picks classic for classic control"""
+    """defaults for a family: mujoco (CleanRL's) or classic (Pendulum-v1); auto: by the env id"""
     exp_name: str = "td3"
     """name of this experiment, part of the run directory name; the --algo's name unless given"""
     seed: int = 1
@@ -68,50 +68,51 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available"""
     compile: bool = False
-    """torch.compile the acting step, the critic update and the actor update (slower than eager on a CPU: see the docs)"""
+    """torch.compile the acting step and both updates (on a CPU slower than eager: see the docs)"""
     cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs CUDA, implies --compile"""
     bf16: bool = False
-    """the actor and critic layers in bfloat16 autocast; weights, optimisers, targets, losses stay float32 (docs/speed.md)"""
+    """the layers in bfloat16 autocast; weights, optimisers, targets and losses stay float32"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
     """save the final actor to runs/<run>/<algo>.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    """evaluate the policy on separate envs every this many env steps (0: at the end, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env), with the deterministic actor (no exploration noise)"""
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     save_buffer: bool = False
-    """put the replay buffer in checkpoint.pt; a resume without it refills the buffer for --learning-starts steps"""
+    """put the replay buffer in checkpoint.pt; a resume without it refills it for --learning-starts steps"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
     log_every: int = 1000
     """env steps between the loss and SPS scalars"""
 
 
-# No orthogonal layer_init: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default (uniform in +-1/sqrt(fan_in)).
-# --bf16: each network's layers run in bfloat16 autocast and hand back float32, so targets, losses and noise stay float32
-# (autocast "cpu" off CUDA: the storage reckoning runs the critics on the meta device, where autocast("meta") raises).
+# No orthogonal layer_init: Fujimoto et al.'s TD3.py and CleanRL keep PyTorch's default (uniform in
+# +-1/sqrt(fan_in)). --bf16: the layers run in bfloat16 autocast and hand back float32, so targets, losses and
+# noise stay float32 (autocast "cpu" off CUDA: the storage reckoning runs the critics on the meta device).
 class Actor(nn.Module):
-    """Deterministic policy: a two-hidden-layer ReLU MLP whose tanh output is scaled to the env's action bounds."""
+    """Deterministic policy: a two-hidden-layer ReLU MLP whose tanh output is scaled to the action bounds."""
 
     def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int, bf16: bool = False):
         super().__init__()
-        action_dim, self.bf16 = int(np.prod(action_space.shape)), bf16
+        action_dim = int(np.prod(action_space.shape))
+        self.bf16 = bf16
         self.network = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                      nn.Linear(hidden, action_dim), nn.Tanh())  # fmt: skip
-        # on the host even where the layers are built on another device (storage's meta device): bounds has numpy copies
+        # on the host even where the layers are built on another device (storage's meta device)
         low = torch.as_tensor(action_space.low, dtype=torch.float32, device="cpu")
         high = torch.as_tensor(action_space.high, dtype=torch.float32, device="cpu")
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
-        self.bounds = (low.numpy(), high.numpy(), ((high - low) / 2.0).numpy())  # host copies, for acting
+        self.bounds = dict(low=low.numpy(), high=high.numpy())  # host copies, for acting
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.bf16):
@@ -119,12 +120,14 @@ class Actor(nn.Module):
 
 
 class Critics(nn.Module):
-    """num_critics Q-networks Q(s, a) -> (num_critics, batch) as ONE batched MLP: each layer's weights stacked on a
-    leading critic axis, applied with one torch.baddbmm, so TD3's twin critics cost one forward and one backward pass."""
+    """num_critics Q-networks Q(s, a) -> (num_critics, batch) as ONE batched MLP: each layer's weights stacked
+    on a leading critic axis, applied with one torch.baddbmm, so TD3's twin critics cost one forward and one
+    backward pass."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: int, num_critics: int, bf16: bool = False):
         super().__init__()
-        sizes, self.bf16 = [obs_dim + action_dim, hidden, hidden, 1], bf16
+        sizes = [obs_dim + action_dim, hidden, hidden, 1]
+        self.bf16 = bf16
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             bound = 1.0 / np.sqrt(fan_in)  # nn.Linear's default initialisation, for each critic
@@ -142,70 +145,82 @@ class Critics(nn.Module):
         return x.squeeze(-1).float()
 
     def first_critic_frozen(self) -> list:
-        """The first critic's weights, detached: the actor's loss backpropagates into the action only (as TD3.py,
-        the actor follows Q1), and no time goes into critic gradients that would be thrown away."""
+        """The first critic's weights, detached: the actor's loss backpropagates into the action only (as
+        TD3.py, the actor follows Q1), and no time goes into critic gradients that would be thrown away."""
         return [(w[:1].detach(), b[:1].detach()) for w, b in zip(self.weights, self.biases, strict=True)]
 
 
 def smoothed_target_actions(next_actions, noise, noise_clip: float, action_scale, low, high):
-    """TD3's target policy smoothing (Fujimoto et al. 2018, eq. 15): a' = clip(mu'(s') + clip(noise, -c, c) * scale,
-    low, high). `noise` is N(0, policy_noise) in units of the half-range of the bounds, like noise_clip."""
+    """TD3's target policy smoothing (Fujimoto et al. 2018, eq. 15): a' = clip(mu'(s') + clip(noise, -c, c) *
+    scale, low, high). `noise` is N(0, policy_noise) in half-ranges of the bounds, like noise_clip."""
     return (next_actions + noise.clamp(-noise_clip, noise_clip) * action_scale).clamp(low, high)
 
 
 def td_target(rewards, terminations, next_q, gamma: float):
-    """r + gamma * (1 - terminated) * min_i Q'_i(s', a') over the critics of next_q (num_critics, batch): with two,
-    TD3's clipped double Q; with one, DDPG's target. A truncated transition (terminated 0) bootstraps from the real s'."""
+    """r + gamma * (1 - terminated) * min_i Q'_i(s', a') over the critics of next_q (num_critics, batch): with
+    two, TD3's clipped double Q; with one, DDPG's. A truncation (terminated 0) bootstraps from the real s'."""
     return rewards + gamma * (1.0 - terminations) * next_q.min(0).values
 
 
 def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
-    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
+    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters;
+    tau = 1 is the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
 def exploration_actions(actions, noise, action_scale, low, high):
-    """TD3's exploration (Fujimoto et al. 2018, Algorithm 1): a = clip(mu(s) + noise * scale, low, high). `noise` is
-    N(0, exploration_noise) in units of the half-range of the bounds."""
+    """TD3's exploration (Fujimoto et al. 2018, Algorithm 1): a = clip(mu(s) + noise * scale, low, high).
+    `noise` is N(0, exploration_noise) in units of the half-range of the bounds."""
     return (actions + noise * action_scale).clamp(low, high)
 
 
-def critic_update(batch, target_actor, critic, target_critic, q_optimizer, args: Args):
-    """One critic gradient step towards the TD target, TD3's (target policy smoothing, clipped double Q) or DDPG's.
-    Returns [qf1_loss, qf2_loss, qf1_values] as a tensor on the device, so the caller sums it without a host sync."""
+class Batch(NamedTuple):
+    """Transitions, one row each: what the replay buffer stores and samples."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_obs: torch.Tensor
+    terminations: torch.Tensor
+
+
+def critic_update(batch: Batch, target_actor, critic, target_critic, q_optimizer, args: Args) -> dict:
+    """One critic gradient step towards the TD target, TD3's (target policy smoothing, clipped double Q) or
+    DDPG's. Returns each critic's loss and the first one's mean Q, on the device (summed with no sync)."""
     obs, actions, rewards, next_obs, terminations = batch
     with torch.no_grad():
         next_actions = target_actor(next_obs)
         if args.target_policy_smoothing:
             noise = torch.randn_like(next_actions) * args.policy_noise
             low, high = target_actor.action_low, target_actor.action_high
-            next_actions = smoothed_target_actions(next_actions, noise, args.noise_clip, target_actor.action_scale, low, high)
+            scale = target_actor.action_scale
+            next_actions = smoothed_target_actions(next_actions, noise, args.noise_clip, scale, low, high)
         targets = td_target(rewards, terminations, target_critic(next_obs, next_actions), args.gamma)
     q = critic(obs, actions)
     per_critic = ((q - targets) ** 2).mean(1)
     q_optimizer.zero_grad(set_to_none=True)
     per_critic.sum().backward()  # the sum: each critic gets the gradient of its own MSE
     q_optimizer.step()
-    return torch.stack([per_critic[0], per_critic[-1], q[0].mean()]).detach()
+    losses = dict(zip(("qf1_loss", "qf2_loss"), per_critic.detach(), strict=False))  # qf2: twin critics
+    return {**losses, "qf1_values": q[0].detach().mean()}
 
 
-def actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, tau: float):
-    """The delayed step (Fujimoto et al. 2018, Algorithm 1): the actor ascends the first critic's Q, then the Polyak
-    updates of both targets. Returns the actor loss, detached."""
+def actor_update(obs, actor, target_actor, critic, target_critic, actor_optimizer, tau: float) -> dict:
+    """The delayed step (Fujimoto et al. 2018, Algorithm 1): the actor ascends the first critic's Q, then the
+    Polyak updates of both targets. Returns the actor loss, detached."""
     actor_loss = -critic(obs, actor(obs), critic.first_critic_frozen()).mean()
     actor_optimizer.zero_grad(set_to_none=True)
     actor_loss.backward()
     actor_optimizer.step()
     soft_update(target_actor, actor, tau)
     soft_update(target_critic, critic, tau)
-    return actor_loss.detach()
+    return {"actor_loss": actor_loss.detach()}
 
 
 def training_steps(actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args: Args):
-    """The acting step, the critic update and the actor + target update: the three functions `--compile` hands to
-    torch.compile (as LeanRL's td3_continuous_action_torchcompile.py: the same code, traced once), or runs eagerly."""
+    """The acting step, the critic update and the actor + target update: the three functions `--compile` hands
+    to torch.compile (as LeanRL's td3_continuous_action_torchcompile.py: the same code, traced once)."""
 
     def act(obs):
         """The actor's action plus Gaussian exploration noise, clipped to the bounds."""
@@ -222,23 +237,80 @@ def training_steps(actor, target_actor, critic, target_critic, q_optimizer, acto
     if not args.compile:
         return act, update_critic, update_actor
     mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update_critic, mode=mode), torch.compile(update_actor, mode=mode)
+    return tuple(torch.compile(step, mode=mode) for step in (act, update_critic, update_actor))
 
 
-def select_actions(act, obs: torch.Tensor, bounds, rng: np.random.Generator, random_actions: bool) -> np.ndarray:
-    """Uniformly random actions within the bounds (low, high, ...) before learning starts, then those of `act` (the acting
-    step, or the deterministic actor in evaluation), clipped: tanh * scale + bias can pass a bound by a rounding error."""
-    low, high = bounds[0], bounds[1]
+def select_actions(act, obs: torch.Tensor, bounds: dict, rng: np.random.Generator, random_actions: bool):
+    """Uniformly random actions within the bounds before learning starts, then those of `act` (the acting
+    step, or the deterministic actor in evaluation), clipped: tanh * scale + bias can pass a bound by a
+    rounding error."""
+    low, high = bounds["low"], bounds["high"]
     if random_actions:
         return rng.uniform(low, high, (len(obs), len(low))).astype(np.float32)
     with torch.no_grad():
         return np.clip(act(obs).cpu().numpy(), low, high)
 
 
+class ReplayBuffer:
+    """Preallocated on the device: observation, action, reward, next observation and termination of each real
+    transition. Sampling draws indices on the device with its own generator, so the update loop never waits on
+    the host. The reset step of the next-step autoreset is never written (`valid` False)."""
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device: torch.device, seed: int):
+        self.capacity = capacity
+        self.device = device
+        self.obs = torch.zeros((capacity, obs_dim), device=device)
+        self.actions = torch.zeros((capacity, action_dim), device=device)
+        self.rewards = torch.zeros(capacity, device=device)
+        self.next_obs = torch.zeros((capacity, obs_dim), device=device)
+        self.terminations = torch.zeros(capacity, device=device)
+        self.pos, self.size = 0, 0  # pos: the next slot to write
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def add(self, obs, actions, rewards, next_obs, terminations, valid: np.ndarray) -> None:
+        """Write the transitions of the envs where `valid` (arrays or tensors, a row per env) in float32."""
+        given = Batch(obs, actions, rewards, next_obs, terminations)
+        new = Batch(*(torch.as_tensor(x, dtype=torch.float32, device=self.device) for x in given))
+        if not valid.all():
+            rows = torch.as_tensor(np.flatnonzero(valid), device=self.device)
+            new = Batch(*(x[rows] for x in new))
+        k = len(new.obs)
+        if k == 0:
+            return
+        if self.pos + k <= self.capacity:  # a slice: no index tensor to build
+            slots = slice(self.pos, self.pos + k)
+        else:
+            slots = torch.arange(self.pos, self.pos + k, device=self.device) % self.capacity
+        for name, x in new._asdict().items():
+            getattr(self, name)[slots] = x
+        self.pos = (self.pos + k) % self.capacity
+        self.size = min(self.size + k, self.capacity)
+
+    def sample(self, batch_size: int) -> Batch:
+        idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=self.generator)
+        return Batch(*(getattr(self, name)[idx] for name in Batch._fields))
+
+
+class LossSums(dict):
+    """Each loss's (sum, count) on the device, added as it comes: a compiled step replayed as a CUDA graph
+    overwrites its outputs. `means` reads them all with one host sync, once per log interval."""
+
+    def add(self, losses: dict[str, torch.Tensor]) -> None:
+        for name, value in losses.items():
+            total, count = self.get(name, (0.0, 0))
+            self[name] = (total + value, count + 1)
+
+    def means(self) -> dict[str, float]:
+        totals = torch.stack([total for total, _ in self.values()]).tolist()
+        return {name: t / count for (name, (_, count)), t in zip(self.items(), totals, strict=True)}
+
+
 def main(args: Args) -> None:
-    # --- set-up: checks, device, run directory, writer (start_run); the networks, optimisers and replay buffer ---
+    # --- set-up: checks, device, run directory, writer (start_run); the networks, optimisers and buffer ---
     run = start_run(args)
-    device, writer, progress, N = run.device, run.writer, run.progress, args.num_envs
+    device = run.device
+    N = args.num_envs
     obs_dim, action_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.action_space.shape))
     num_critics = 2 if args.twin_critics else 1
     actor = Actor(obs_dim, run.action_space, args.hidden_size, args.bf16).to(device)
@@ -247,27 +319,29 @@ def main(args: Args) -> None:
     critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics, args.bf16).to(device)
     target_critic = Critics(obs_dim, action_dim, args.hidden_size, num_critics, args.bf16).to(device)
     target_critic.load_state_dict(critic.state_dict())
-    # fused: one kernel for all parameters; compiled, the rate is a tensor, not a constant traced into the Adam steps
+    # fused: one kernel for all parameters; compiled, the rate is a tensor, not a constant traced into a step
     lr = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
     q_optimizer = torch.optim.Adam(critic.parameters(), lr=lr, fused=True)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=lr, fused=True)
+    # what a checkpoint holds of them, under its keys
+    nets = dict(model=actor, target_actor=target_actor, critic=critic, target_critic=target_critic)
+    nets.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
     act, update_critic, update_actor = training_steps(
         actor, target_actor, critic, target_critic, q_optimizer, actor_optimizer, args
     )
-    explore_rng = np.random.default_rng(args.seed)  # the random actions; the exploration noise is torch's, in act
+    explore_rng = np.random.default_rng(args.seed)  # the random actions; the exploration noise is torch's
     rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device, args.seed)
-    nets = dict(model=actor, target_actor=target_actor, critic=critic, target_critic=target_critic)  # checkpoint keys
-    nets.update(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
-    global_step, critic_updates, train_from = 0, 0, args.learning_starts
-    if run.ckpt:  # weights, optimisers, counters, random states, and the replay buffer where --save-buffer kept it
+    global_step = 0
+    critic_updates = 0  # the actor's delay counts them
+    train_from = args.learning_starts  # the step after which gradient steps begin
+    if run.ckpt:  # weights, optimisers, counters, random states, the replay buffer if --save-buffer kept it
         global_step, critic_updates, train_from = restore_run(args, run, nets, explore_rng, rb)
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, N, args.seed + global_step)
-    obs = float_tensor(envs.reset()[0], device)
+    obs = torch.as_tensor(envs.reset()[0], dtype=torch.float32, device=device)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    # [qf1_loss, qf2_loss, qf1_values, actor_loss] summed on the device at once: a CUDA graph overwrites its outputs
-    stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
+    losses = LossSums()
     seconds = dict(env=0.0, acting=0.0, updates=0.0)  # where the training time goes, printed at the end
 
     while global_step < args.total_timesteps:
@@ -276,17 +350,18 @@ def main(args: Args) -> None:
         with timed(seconds, "acting"):
             actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
         with timed(seconds, "env"):
-            next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions), global_step)  # NaN/inf: one line
+            next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions), global_step)  # stops on NaN
 
-        # --- step and store: the reset step of the next-step autoreset (next_valid False) is never written ---
-        # after a truncation next_obs is the real final observation and terminated stays 0: the transition bootstraps
-        next_obs = float_tensor(next_obs_np, device)
-        actions_t, reward_t, term_t = float_tensor(actions, device), float_tensor(reward, device), float_tensor(term, device)
-        rb.add(obs, actions_t, reward_t, next_obs, term_t, next_valid)
+        # --- step and store: the reset step of the next-step autoreset (next_valid False) is never written;
+        # after a truncation next_obs is the real final observation and terminated stays 0: it bootstraps ---
+        next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+        rb.add(obs, actions, reward, next_obs, term, next_valid)
         obs = next_obs
         done = term | trunc
-        ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
-        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        ep_return += reward
+        ep_length += next_valid  # the reset step (reward 0) is no step of an episode
+        run.progress.log_episodes(run.writer, ep_return[done], ep_length[done], global_step)
+        ep_return[done], ep_length[done] = 0.0, 0
         next_valid = ~done
 
         # --- learn: one gradient step per env step; the TD target inside critic_update, the actor delayed ---
@@ -295,41 +370,28 @@ def main(args: Args) -> None:
                 for _ in range(N):
                     critic_updates += 1
                     batch = rb.sample(args.batch_size)
-                    stats[:3] += update_critic(batch)
-                    num_critic_stats += 1
+                    losses.add(update_critic(batch))
                     if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
-                        stats[3] += update_actor(batch[0])
-                        num_actor_stats += 1
+                        losses.add(update_actor(batch.obs))
 
-        # --- logging: one host sync per log interval ---
+        # --- logging, when these N steps reach a multiple of --log-every: each loss's mean, one host sync ---
         last = global_step >= args.total_timesteps
-        if crossed(global_step, N, args.log_every) or last:
-            if num_critic_stats:
-                qf1_loss, qf2_loss, qf1_values, actor_loss = check_training(stats.tolist(), global_step)  # NaN/inf: one line
-                writer.add_scalar("losses/qf1_loss", qf1_loss / num_critic_stats, global_step)
-                if args.twin_critics:
-                    writer.add_scalar("losses/qf2_loss", qf2_loss / num_critic_stats, global_step)
-                writer.add_scalar("losses/qf1_values", qf1_values / num_critic_stats, global_step)
-                if num_actor_stats:
-                    writer.add_scalar("losses/actor_loss", actor_loss / num_actor_stats, global_step)
-                stats, num_critic_stats, num_actor_stats = torch.zeros(4, device=device), 0, 0
-            progress.log(writer, global_step, global_step, force=last)
+        if global_step % args.log_every < N or last:
+            if losses:
+                for name, mean in check_training(losses.means(), global_step).items():  # NaN/inf: one line
+                    run.writer.add_scalar(f"losses/{name}", mean, global_step)
+                losses = LossSums()
+            run.progress.log(run.writer, global_step, global_step, force=last)
 
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, N, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(actor, args, device, video_path(args, run.run_dir, global_step)), global_step)
-        if crossed(global_step, N, args.checkpoint_every) or run.stop:
-            write_checkpoint(args, run, nets, rb, explore_rng, global_step, critic_updates)
-        if run.stop:
-            stop_and_exit(run.stop, writer, envs, args, run.run_dir, f"step {global_step:,}")
+        # --- an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and on Ctrl-C ---
+        evaluate_checkpoint_stop(args, run, envs, nets, rb, explore_rng, global_step, critic_updates)
 
     # --- end: where the time went; the final actor saved, reloaded from disk and evaluated (--save-model) ---
     end_run(args, run, envs, actor, critic, global_step, seconds)
 
 
-# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, buffer, checks), then the shared plumbing.
-# --- This file's machinery: presets, envs, the replay buffer, evaluation, storage, checks, start_run and end_run ---
+# The algorithm ends here; a learner may stop. Below: this file's machinery, then the shared run plumbing.
+# --- This file's machinery: presets, envs, evaluation, storage, checks, start_run, checkpoints and end_run ---
 import contextlib
 import difflib
 import os
@@ -392,7 +454,7 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, algo=algo, **ALGOS[algo], **PRESETS.get(preset, {}))
 
 
-# --- envs: spaces, construction, episode statistics ---
+# --- envs: spaces and construction ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -449,79 +511,12 @@ def can_render(env_id: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
-
-
-# --- the replay buffer ---
-class ReplayBuffer:
-    """Preallocated on the device: observation, action, reward, next observation and termination of each real
-    transition. Sampling draws indices on the device with its own generator, so the update loop never waits on
-    the host. The reset step of the next-step autoreset is never written (`valid` False)."""
-
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device: torch.device, seed: int):
-        self.capacity, self.device = capacity, device
-        self.obs = torch.zeros((capacity, obs_dim), device=device)
-        self.actions = torch.zeros((capacity, action_dim), device=device)
-        self.rewards = torch.zeros(capacity, device=device)
-        self.next_obs = torch.zeros((capacity, obs_dim), device=device)
-        self.terminations = torch.zeros(capacity, device=device)
-        self.pos, self.size = 0, 0  # pos: the next slot to write
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
-
-    def add(self, obs, actions, rewards, next_obs, terminations, valid: np.ndarray) -> None:
-        """Write the transitions of the envs where `valid` (tensors with one row per env)."""
-        if not valid.all():
-            rows = torch.as_tensor(np.flatnonzero(valid), device=self.device)
-            obs, actions, rewards, next_obs, terminations = (x[rows] for x in (obs, actions, rewards, next_obs, terminations))
-        k = len(obs)
-        if k == 0:
-            return
-        if self.pos + k <= self.capacity:  # a slice: no index tensor to build
-            slots = slice(self.pos, self.pos + k)
-        else:
-            slots = torch.arange(self.pos, self.pos + k, device=self.device) % self.capacity
-        self.obs[slots], self.actions[slots], self.rewards[slots] = obs, actions, rewards
-        self.next_obs[slots], self.terminations[slots] = next_obs, terminations
-        self.pos = (self.pos + k) % self.capacity
-        self.size = min(self.size + k, self.capacity)
-
-    def sample(self, batch_size: int):
-        idx = torch.randint(0, self.size, (batch_size,), device=self.device, generator=self.generator)
-        return self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx], self.terminations[idx]
-
-    def state_dict(self) -> dict:
-        arrays = dict(obs=self.obs, actions=self.actions, rewards=self.rewards, next_obs=self.next_obs)
-        return {**arrays, "terminations": self.terminations, "pos": self.pos, "size": self.size}
-
-    def load_state_dict(self, state: dict) -> None:
-        for k in ("obs", "actions", "rewards", "next_obs", "terminations"):
-            getattr(self, k).copy_(state[k])
-        self.pos, self.size = state["pos"], state["size"]
-
-
-def float_tensor(x: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.as_tensor(x, dtype=torch.float32, device=device)
-
-
 @contextlib.contextmanager
 def timed(seconds: dict, part: str):
     """Adds the time spent inside to seconds[part] (the time split printed at the end of a run)."""
-    t0 = time.perf_counter()
+    start = time.perf_counter()
     yield
-    seconds[part] += time.perf_counter() - t0
+    seconds[part] += time.perf_counter() - start
 
 
 def bf16_note(device: torch.device) -> str:
@@ -553,7 +548,7 @@ def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None =
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
-        action = select_actions(actor, float_tensor(obs, device), actor.bounds, None, False)
+        action = select_actions(actor, torch.as_tensor(obs, dtype=torch.float32, device=device), actor.bounds, None, False)
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
@@ -652,7 +647,9 @@ def restore_run(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> t
     rb.generator.set_state(ckpt["rng"]["buffer"])
     saved_buffer = ckpt.pop("replay_buffer")
     if saved_buffer is not None:
-        rb.load_state_dict(saved_buffer)
+        for name in Batch._fields:
+            getattr(rb, name).copy_(saved_buffer[name])
+        rb.pos, rb.size = saved_buffer["pos"], saved_buffer["size"]
     else:  # the experience is lost: gather learning_starts steps again before the next gradient step
         train_from = global_step + args.learning_starts
     refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps before the next update)"
@@ -660,17 +657,28 @@ def restore_run(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> t
     return global_step, critic_updates, train_from
 
 
-def write_checkpoint(args: Args, run, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int, critic_updates: int):
-    """runs/<run>/checkpoint.pt: the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states."""
-    rng = dict(rng_state(run.device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state())
-    save_checkpoint(
-        os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
-        **{key: net.state_dict() for key, net in nets.items()},
-        replay_buffer=rb.state_dict() if args.save_buffer else None,
-        global_step=global_step, critic_updates=critic_updates, rng=rng,
-    )  # fmt: skip
-    if run.stop and not args.save_buffer:
-        print(f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps")
+def evaluate_checkpoint_stop(args: Args, run, envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
+                             critic_updates: int) -> None:  # fmt: skip
+    """After each step of N envs: an evaluation when it reaches a multiple of --eval-every; runs/<run>/checkpoint.pt
+    (the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states) at a multiple of
+    --checkpoint-every and on a stop request (Ctrl-C, SIGTERM); then the stop."""
+    if crossed(global_step, args.num_envs, args.eval_every):
+        with run.progress.paused():
+            video = video_path(args, run.run_dir, global_step)
+            log_eval(run.writer, evaluate(nets["model"], args, run.device, video), global_step)
+    if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
+        rng = dict(rng_state(run.device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state())
+        buffer = {name: getattr(rb, name) for name in (*Batch._fields, "pos", "size")}
+        save_checkpoint(
+            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+            **{key: net.state_dict() for key, net in nets.items()},
+            replay_buffer=buffer if args.save_buffer else None,
+            global_step=global_step, critic_updates=critic_updates, rng=rng,
+        )  # fmt: skip
+        if run.stop and not args.save_buffer:
+            print(f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps")
+    if run.stop:
+        stop_and_exit(run.stop, run.writer, envs, args, run.run_dir, f"step {global_step:,}")
 
 
 def end_run(args: Args, run: types.SimpleNamespace, envs, actor: Actor, critic: Critics, global_step: int, seconds: dict):
