@@ -406,26 +406,12 @@ CHECKPOINT_FORMAT = 1
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    log_every="[1, inf)",
-    total_timesteps="[1, inf)",
-    learning_rate="(0, inf)",
-    num_envs="[1, inf)",
-    buffer_size="[1, inf)",
-    gamma="[0, 1]",
-    tau="(0, 1]",
-    batch_size="[1, inf)",
-    hidden_size="[1, 65536]",
-    exploration_noise="[0, inf)",
-    learning_starts="[0, inf)",
-    policy_frequency="[1, inf)",
-    policy_noise="[0, inf)",
-    noise_clip="[0, inf)",
-)
+    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
+    num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]", batch_size="[1, inf)",
+    hidden_size="[1, 65536]", exploration_noise="[0, inf)", learning_starts="[0, inf)", policy_frequency="[1, inf)",
+    policy_noise="[0, inf)", noise_clip="[0, inf)",
+)  # fmt: skip
 
 # What --algo sets; any flag given on the command line wins. Both delay the actor by 2 critic updates: CleanRL's
 # ddpg_continuous_action.py does (policy_frequency 2), and its published DDPG results are the ones benchmark/ddpg_td3.sh
