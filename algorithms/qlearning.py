@@ -1,15 +1,17 @@
-"""Tabular Q-learning (Watkins 1989; Sutton & Barto 2018, ch. 6.5) over many envs; benchmark: `bash benchmark/qlearning.sh`.
+"""Tabular Q-learning (Watkins 1989; Sutton & Barto 2018, ch. 6.5) over many envs at once; benchmark:
+`bash benchmark/qlearning.sh`.
 
-Reading guide: down to the line `# The algorithm ends here`, the algorithm: Args, the grid of Box observations, the
-maths (discretise, q_update, schedules, greedy policy, exact return) and main, the loop. Below it: this file's machinery
-(presets, envs, exact evaluation, pictures, storage, checks, start_run, end_run), then the plumbing all eight files share.
+Reading guide: down to the line `# The algorithm ends here`, the algorithm: Args, the grid of Box
+observations, the maths (discretise, q_update, schedules, greedy policy, exact return), the episode statistics
+and main, the loop. Below it: this file's machinery (presets, envs, exact evaluation, logging, checkpoints,
+pictures, storage, checks, start_run, end_run), then the plumbing all eight files share.
 """
 
 import dataclasses
 import os
 from dataclasses import dataclass
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ import tyro
 class Args:
     # --- the algorithm ---
     env_id: str = "FrozenLake-v1"
-    """envpool id (FrozenLake, Taxi, CliffWalking, classic control) or any gymnasium id with a Discrete action space"""
+    """envpool id (FrozenLake, Taxi, CliffWalking, classic control) or a gymnasium id with Discrete actions"""
     total_timesteps: int = 300_000
     """total env steps over all envs; raised on --resume, it extends a finished or stopped run"""
     num_envs: int = 64
@@ -44,9 +46,9 @@ class Args:
     bins: int = 10
     """Box observations: cells per dimension of the uniform grid"""
     obs_low: tuple[float, ...] | None = None
-    """Box observations: the grid's lower bound per dimension (default: the space's; needed where it is unbounded)"""
+    """Box observations: the grid's lower bound per dimension (default: the space's; needed if unbounded)"""
     obs_high: tuple[float, ...] | None = None
-    """Box observations: the grid's upper bound per dimension (default: the space's; needed where it is unbounded)"""
+    """Box observations: the grid's upper bound per dimension (default: the space's; needed if unbounded)"""
 
     # --- the run ---
     exp_name: str = "qlearning"
@@ -60,13 +62,13 @@ class Args:
     save_model: bool = False
     """save the final table to runs/<run>/qlearning.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
-    """evaluate the greedy policy on separate envs every this many env steps (0: only at the end, with --save-model)"""
+    """evaluate the greedy policy on other envs every this many env steps (0: at the end, if --save-model)"""
     eval_episodes: int = 1000
     """episodes per evaluation (one per eval env)"""
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """path of a checkpoint.pt to resume; the run goes on in its directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
     log_every: int = 10_000
@@ -81,8 +83,8 @@ class Args:
 
 @dataclass
 class Grid:
-    """A uniform grid over a Box: `bins` cells per dimension between low and high; values outside fall in the edge
-    cells. A Discrete space is its own table (bins = 0)."""
+    """A uniform grid over a Box: `bins` cells per dimension between low and high; values outside fall in the
+    edge cells. A Discrete space is its own table (bins = 0)."""
 
     low: tuple[float, ...] = ()
     high: tuple[float, ...] = ()
@@ -96,8 +98,9 @@ class Grid:
 def discretise(obs: torch.Tensor, grid: Grid) -> torch.Tensor:
     """Row of the table for each observation: Discrete ids as they are; Box vectors by their grid cell.
 
-    A value on an inner bin edge belongs to the cell above it (where the edge is exact in binary floating point; an
-    edge such as 1/49 of the range may round to the cell below); values at or beyond the bounds fall in the edge cells.
+    A value on an inner bin edge belongs to the cell above it (where the edge is exact in binary floating
+    point; an edge such as 1/49 of the range may round to the cell below); values at or beyond the bounds fall
+    in the edge cells.
     """
     if not grid.bins:
         return obs.long()
@@ -109,16 +112,17 @@ def discretise(obs: torch.Tensor, grid: Grid) -> torch.Tensor:
     return (cells * strides).sum(1)
 
 
-def q_update(q, states, actions, rewards, next_states, terminations, valid, gamma: float, lr: float) -> torch.Tensor:
-    """One Watkins Q-learning update of the table `q` (states x actions), in place, from a batch of transitions.
+def q_update(q, states, actions, rewards, next_states, terminations, valid, gamma: float, lr: float):
+    """One Watkins Q-learning update of the table `q` (states x actions), in place, from a batch of
+    transitions; returns the mean |TD error| over the valid ones.
 
     target = r + gamma * max_a' Q(s', a'), without the bootstrap where the step terminated; a truncated step
-    bootstraps from s', which next-step autoreset hands over as the real final observation. `valid` = 0 masks the
-    reset step that follows a done. Duplicates: every target is computed from the table as it was before the batch,
-    and a pair that occurs n times moves towards the mean of its n targets by 1 - (1 - lr)^n, what n updates in a
-    row would do with equal targets. (Plain `q[s, a] += ...` keeps one arbitrary duplicate: last write wins on the CPU,
-    undefined on CUDA. index_add_ counts every duplicate, and its result does not depend on their order, up to rounding.)
-    Returns the mean |TD error| over the valid transitions.
+    bootstraps from s', which next-step autoreset hands over as the real final observation. `valid` = 0 masks
+    the reset step that follows a done. Duplicates: every target is computed from the table as it was before
+    the batch, and a pair that occurs n times moves towards the mean of its n targets by 1 - (1 - lr)^n, what
+    n updates in a row would do with equal targets. (Plain `q[s, a] += ...` keeps one arbitrary duplicate:
+    last write wins on the CPU, undefined on CUDA. index_add_ counts every duplicate, and its result does not
+    depend on their order, up to rounding.)
     """
     num_actions = q.shape[1]
     flat = q.view(-1)
@@ -132,8 +136,8 @@ def q_update(q, states, actions, rewards, next_states, terminations, valid, gamm
 
 
 def linear_interp(start: float, end: float, duration: float, t: int) -> float:
-    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule), in either direction;
-    duration 0 is end at once. Schedules both epsilon and the step size."""
+    """From start at t = 0 to end at t = duration, then end (CleanRL dqn.py's epsilon schedule), in either
+    direction; duration 0 is end at once. Schedules both epsilon and the step size."""
     return start + (end - start) * min(t / max(duration, 1e-9), 1.0)
 
 
@@ -143,8 +147,9 @@ def greedy_actions(q: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
 
 
 def exact_return(tables, policy: np.ndarray | None, horizon: int) -> float:
-    """Expected undiscounted return over `horizon` steps from the start distribution: of `policy` (one action per
-    state), or with policy None the optimum by finite-horizon value iteration. `tables`: see transition_tables."""
+    """Expected undiscounted return over `horizon` steps from the start distribution: of `policy` (one action
+    per state), or with policy None the optimum by finite-horizon value iteration. `tables`: see
+    transition_tables."""
     P, R, T, start = tables
     cont = P - T  # probability of going on to s' without the episode ending
     v = np.zeros(P.shape[0])
@@ -159,74 +164,84 @@ def exact_return(tables, policy: np.ndarray | None, horizon: int) -> float:
     return float(start @ v)
 
 
+def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
+    """Running return and length per env; returns the new running values and the finished episodes' ones.
+
+    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
+    """
+    ep_return = ep_return + raw_reward
+    ep_length = ep_length + valid
+    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
+    ep_return = np.where(episode_end, 0.0, ep_return)
+    ep_length = np.where(episode_end, 0, ep_length)
+    return ep_return, ep_length, finished_returns, finished_lengths
+
+
 def main(args: Args) -> None:
-    # --- set-up: checks, device, storage, checkpoint, run directory, writer, exact optimum (start_run, below) ---
+    # --- set-up (start_run, below): checks, device, checkpoint, run directory, writer, exact optimum ---
     run = start_run(args)
-    device, grid, N = run.device, run.grid, args.num_envs
-    writer, progress, stop = run.writer, run.progress, run.stop
+    device = run.device
+    N = args.num_envs
     # the table: a row per state (per grid cell for Box observations), a column per action, zeros to start
     q = torch.zeros((run.num_states, run.num_actions), dtype=torch.float64, device=device)
-    global_step, start_iteration = run.global_step, run.start_iteration
     if run.ckpt:  # resume
         q.copy_(run.ckpt["q"])
+    global_step = run.global_step
 
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, N, args.seed + global_step, args.max_episode_steps)
-    next_obs = discretise(torch.as_tensor(envs.reset()[0], device=device), grid)
+    next_obs = discretise(torch.as_tensor(envs.reset()[0], device=device), run.grid)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    td_sum, td_count = torch.zeros((), dtype=torch.float64, device=device), 0
+    ep_return = np.zeros(N)
+    ep_length = np.zeros(N, dtype=np.int64)
+    # the mean |TD error| between log lines, summed on the device: one host sync per log line, not per step
+    td_sum = torch.zeros((), dtype=torch.float64, device=device)
+    td_count = 0
+    exploration_steps = args.exploration_fraction * args.total_timesteps
 
-    for iteration in range(start_iteration, args.num_iterations + 1):
+    for iteration in range(run.start_iteration, args.num_iterations + 1):
         global_step += N
-        epsilon = linear_interp(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+        epsilon = linear_interp(args.start_e, args.end_e, exploration_steps, global_step)
         lr = linear_interp(args.learning_rate, args.end_learning_rate, args.total_timesteps, global_step)
         lr = lr if args.lr_decay else args.learning_rate
 
-        # --- act: epsilon-greedy ---
+        # --- act: epsilon-greedy; Q-learning is off-policy, so it learns greedy values while it explores ---
         states = next_obs
         explore = torch.rand(N, device=device) < epsilon
-        actions = torch.where(explore, torch.randint(0, run.num_actions, (N,), device=device), greedy_actions(q, states))
+        random_actions = torch.randint(0, run.num_actions, (N,), device=device)
+        actions = torch.where(explore, random_actions, greedy_actions(q, states))
 
-        # --- step ---
-        next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions.cpu().numpy()), global_step)  # NaN/inf: one line
+        # --- step: a NaN or inf from the env ends the run in one line (finite_step) ---
+        next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions.cpu().numpy()), global_step)
         done = term | trunc
-        step_data = torch.as_tensor(np.stack([reward, term, next_valid]), dtype=torch.float64, device=device)
-        next_obs = discretise(torch.as_tensor(next_obs_np, device=device), grid)
+        step_rows = np.stack([reward, term, next_valid])  # one copy to the device for the three
+        rewards, terminations, valid = torch.as_tensor(step_rows, dtype=torch.float64, device=device)
+        next_obs = discretise(torch.as_tensor(next_obs_np, device=device), run.grid)
 
-        # --- Q update: the reset step after a done is masked out ---
-        td_sum += q_update(q, states, actions, step_data[0], next_obs, step_data[1], step_data[2], args.gamma, lr)
+        # --- Q update: the reset step after a done is masked out (valid = 0) ---
+        td_sum += q_update(q, states, actions, rewards, next_obs, terminations, valid, args.gamma, lr)
         td_count += 1
 
+        # --- episode statistics: the finished episodes' returns and lengths ---
         ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
-        progress.log_episodes(writer, fin_returns, fin_lengths, global_step)
+        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, global_step)
         next_valid = ~done
 
-        # --- logging: every log_every env steps, one host sync ---
+        # --- logging: every log_every env steps, with the greedy policy's exact return on toy text ---
         last = iteration == args.num_iterations
         if crossed(global_step, N, args.log_every) or last:
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            td_error = check_training({"td_error": (td_sum / max(td_count, 1)).item()}, global_step)  # NaN/inf: one line
-            writer.add_scalar("losses/td_error", td_error["td_error"], global_step)
+            td_error = (td_sum / max(td_count, 1)).item()
+            scalars = {"charts/learning_rate": lr, "charts/epsilon": epsilon, "losses/td_error": td_error}
+            log_table_progress(args, run, q, scalars, global_step, last)
             td_sum.zero_()
             td_count = 0
-            exact_text = log_exact_return(run, q, global_step, args.optimum_tolerance)  # toy text: greedy vs optimum
-            progress.log(writer, global_step, global_step, exact_text, force=last)
 
         # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, N, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(q, grid, args), global_step)
-        if crossed(global_step, N, args.checkpoint_every) or stop:
-            save_checkpoint(
-                os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir, q=q.cpu(),
-                grid=dataclasses.asdict(grid), global_step=global_step, iteration=iteration, rng=rng_state(device),
-            )  # fmt: skip
-        if stop:
-            stop_and_exit(stop, writer, envs, args, run.run_dir, f"step {global_step:,}")
+        evaluate_table_save_or_stop(args, run, q, envs, global_step, iteration)
 
-    # --- end: the greedy policy drawn, the final table saved, reloaded from disk and evaluated (end_run, below) ---
+    # --- end (end_run, below): the greedy policy drawn; the final table saved, reloaded and evaluated ---
     envs.close()
     end_run(args, run, q, global_step)
 
@@ -245,24 +260,11 @@ CHECKPOINT_FORMAT = 1
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    log_every="[1, inf)",
-    total_timesteps="[1, inf)",
-    num_envs="[1, inf)",
-    gamma="[0, 1]",
-    learning_rate="(0, 1]",
-    end_learning_rate="(0, 1]",
-    start_e="[0, 1]",
-    end_e="[0, 1]",
-    exploration_fraction="[0, 1]",
-    max_episode_steps="[0, inf)",
-    bins="[1, 1000000]",
-    optimum_tolerance="[0, inf)",
-)
+    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", num_envs="[1, inf)",
+    gamma="[0, 1]", learning_rate="(0, 1]", end_learning_rate="(0, 1]", start_e="[0, 1]", end_e="[0, 1]",
+    exploration_fraction="[0, 1]", max_episode_steps="[0, inf)", bins="[1, 1000000]", optimum_tolerance="[0, inf)",
+)  # fmt: skip
 
 # Defaults per env that reach the exact optimum (toy text) or a good return (discretised classic control); a flag
 # given on the command line wins. FrozenLake8x8: gamma 0.995 has the best greedy policy under its 200-step limit.
@@ -375,30 +377,10 @@ def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int = 0):
         return envs
     # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
     cap = dict(max_episode_steps=max_episode_steps) if max_episode_steps else {}
-    envs = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
-        **cap,
-    )
+    next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **cap)
     envs.reset(seed=seed)
     return envs
-
-
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
 
 
 def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
@@ -461,19 +443,40 @@ def transition_tables(env_id: str):
     return P, R, T, np.asarray(env.initial_state_distrib)
 
 
-def log_exact_return(run: types.SimpleNamespace, q: torch.Tensor, global_step: int, tolerance: float) -> str:
-    """Toy text: writes the greedy policy's exact return, notes the step (and training seconds) from which it stays
-    within `tolerance` of the optimum in run.reached, and returns the progress line's text; nothing elsewhere."""
-    if run.tables is None:
-        return ""
-    with run.progress.paused():
-        greedy = exact_return(run.tables, q.argmax(1).cpu().numpy(), run.horizon)
-    run.writer.add_scalar("eval/exact_return", greedy, global_step)
-    if run.optimum - greedy > tolerance:
-        run.reached = None
-    elif run.reached is None:
-        run.reached = (global_step, time.time() - run.progress.start_time - run.progress.paused_seconds)
-    return f" | greedy exact {greedy:.4f} of {run.optimum:.4f}"
+def log_table_progress(args: Args, run: types.SimpleNamespace, q: torch.Tensor, scalars: dict, global_step: int, last: bool):
+    """Every --log-every steps: the scalars (a NaN or inf ends the run in one line), on toy text the greedy policy's
+    exact return and the step (and training seconds) from which it stays within --optimum-tolerance of the optimum
+    (run.reached), and the progress line."""
+    for tag, value in check_training(scalars, global_step).items():
+        run.writer.add_scalar(tag, value, global_step)
+    exact_text = ""
+    if run.tables is not None:
+        with run.progress.paused():
+            greedy = exact_return(run.tables, q.argmax(1).cpu().numpy(), run.horizon)
+        run.writer.add_scalar("eval/exact_return", greedy, global_step)
+        if run.optimum - greedy > args.optimum_tolerance:
+            run.reached = None
+        elif run.reached is None:
+            run.reached = (global_step, time.time() - run.progress.start_time - run.progress.paused_seconds)
+        exact_text = f" | greedy exact {greedy:.4f} of {run.optimum:.4f}"
+    run.progress.log(run.writer, global_step, global_step, exact_text, force=last)
+
+
+def evaluate_table_save_or_stop(
+    args: Args, run: types.SimpleNamespace, q: torch.Tensor, envs, global_step: int, iteration: int
+):
+    """The end of an iteration: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every steps
+    and on a stop request (Ctrl-C, SIGTERM), which then ends the run."""
+    if crossed(global_step, args.num_envs, args.eval_every):
+        with run.progress.paused():
+            log_eval(run.writer, evaluate(q, run.grid, args), global_step)
+    if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
+        save_checkpoint(
+            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir, q=q.cpu(),
+            grid=dataclasses.asdict(run.grid), global_step=global_step, iteration=iteration, rng=rng_state(run.device),
+        )  # fmt: skip
+    if run.stop:
+        stop_and_exit(run.stop, run.writer, envs, args, run.run_dir, f"step {global_step:,}")
 
 
 def grid_map(env_id: str) -> tuple[list[str], str] | None:
@@ -568,20 +571,13 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Grid:
     """What the ranges alone cannot tell: whether the env's spaces make a table of sensible size, and flags that only
     make sense together. Returns the grid of the table's rows."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if processes > 1:
-        fail(
-            f"it trains one table updated step by step in one process, and torchrun started {processes}; "
-            "run it with python (benchmark/run.py runs seeds and envs side by side)"
-        )
+    if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
+        fail(f"it trains one table updated step by step in one process, and torchrun started {processes}; "
+             "run it with python (benchmark/run.py runs seeds and envs side by side)")  # fmt: skip
     env_id = args.env_id
     if not isinstance(action_space, gym.spaces.Discrete) or action_space.start != 0:
-        box = isinstance(action_space, gym.spaces.Box)
-        instead = "use ppo.py or ddpg_td3.py" if box else "pick an env with Discrete actions"
-        fail(
-            f"qlearning.py needs a Discrete action space (a table has one column per action); {env_id} has "
-            f"{action_space}; {instead}"
-        )
+        instead = "use ppo.py or ddpg_td3.py" if isinstance(action_space, gym.spaces.Box) else "pick one with Discrete actions"
+        fail(f"qlearning.py needs a Discrete action space (a table column per action); {env_id} has {action_space}; {instead}")
     if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
         fail(f"qlearning.py cannot tabulate {env_id}'s {obs_space.shape} image observations; use dqn.py for images")
     if not isinstance(obs_space, (gym.spaces.Discrete, gym.spaces.Box)) or getattr(obs_space, "start", 0) != 0:
@@ -635,9 +631,7 @@ def start_run(args: Args) -> types.SimpleNamespace:
     tables = transition_tables(args.env_id) if not grid.bins and horizon else None
     optimum = exact_return(tables, None, horizon) if tables else None
     if optimum is not None:
-        print(
-            f"exact optimum over {horizon} steps from gymnasium's start states (value iteration on its table): {optimum:.4f}"
-        )
+        print(f"exact optimum over {horizon} steps from gymnasium's start states (value iteration): {optimum:.4f}")
     num_states = obs_space.n if not grid.bins else grid.num_states
     return types.SimpleNamespace(
         device=device, grid=grid, num_states=num_states, num_actions=action_space.n, ckpt=ckpt, run_dir=run_dir,
