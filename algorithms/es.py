@@ -368,19 +368,9 @@ from torch.utils.tensorboard import SummaryWriter
 CHECKPOINT_FORMAT = 1
 
 # The meaningful range of every numeric flag, checked by parse_args first (hidden_sizes: check_args, against MAX_WIDTH)
-RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    num_generations="[1, inf)",
-    population_size="[2, 1e6]",
-    sigma="(0, inf)",
-    learning_rate="(0, inf)",
-    l2_coef="[0, inf)",
-    max_episode_steps="[0, inf)",
-)
+RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+              progress_interval="[0, inf)", num_generations="[1, inf)", population_size="[2, 1e6]", sigma="(0, inf)",
+              learning_rate="(0, inf)", l2_coef="[0, inf)", max_episode_steps="[0, inf)")  # fmt: skip
 MAX_WIDTH = 16384  # a hidden layer's widest: far beyond the 64 to 256 units of Salimans et al.'s policies
 
 # A preset only changes defaults (a flag given wins). classic keeps Args' own: the noise, step size and weight decay of
@@ -712,14 +702,8 @@ def end_run(args: Args, run: types.SimpleNamespace, policy: Policy, theta, obs_r
     if args.save_model:
         nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
         model_path = os.path.join(run.run_dir, "es.model")
-        save_checkpoint(
-            model_path,
-            "model",
-            args,
-            run.run_dir,
-            model=policy.state_dict(),
-            obs_rms=obs_rms.state_dict() if obs_rms else None,
-        )
+        statistics = obs_rms.state_dict() if obs_rms else None
+        save_checkpoint(model_path, "model", args, run.run_dir, model=policy.state_dict(), obs_rms=statistics)
         state = load_checkpoint(model_path, args.env_id, kind="model")
         (_, obs_dim), (n_out, _) = policy.layer_shapes()[0], policy.layer_shapes()[-1]
         eval_policy = Policy(obs_dim, n_out, tuple(state["args"]["hidden_sizes"])).to(run.device)
