@@ -1,14 +1,13 @@
-"""A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it; benchmark: `bash benchmark/a2c.sh`.
+"""A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it (benchmark/a2c.sh).
 
-Reading guide: the algorithm comes first, down to the line `# The algorithm ends here`: Args, the network, the maths,
-the update step and main, the training loop. Below it: this file's machinery (presets, envs, recurrent and torchrun
-helpers, evaluation, checks, start_run and end_run), then the run plumbing all eight files share. Flags: docs/a2c.md."""
+Reading guide: the algorithm first, down to `# The algorithm ends here` (Args, the network and its memory, the
+maths, the optimiser, the update, main); then this file's machinery, and the plumbing all files share."""
 
 import os
 from dataclasses import dataclass
 from typing import Literal
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -50,7 +49,7 @@ class Args:
     max_grad_norm: float = 0.5
     """global gradient norm clip"""
     norm_obs: bool = False
-    """normalise float observations with running statistics (clipped to +-10); not for uint8 ones (frames, bytes)"""
+    """normalise float observations with running statistics, clipped to +-10 (not uint8 frames or bytes)"""
     norm_reward: bool = False
     """scale rewards by the running std of the discounted return (clipped to +-10)"""
     episodic_life: bool = True
@@ -58,18 +57,18 @@ class Args:
     reward_clip: bool = True
     """Atari only: train on the sign of the reward (the logged return is still the raw score)"""
     rnn: Literal["none", "lstm", "gru"] = "none"
-    """a recurrent layer between the observation encoder and the heads (none: the presets' feed-forward policy)"""
+    """a recurrent layer between the observation encoder and the heads (none: a feed-forward policy)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
     # --- run settings ---
     exp_name: str = "a2c"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
-    """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
+    """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or gymnasium id (also 'module:Env-v0')"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """who steps the envs: envpool's C++ threads or gymnasium in this process (auto: gymnasium for a few cheap envs)"""
+    """who steps the envs (auto: gymnasium in this process for a few cheap envs, else envpool's threads)"""
     preset: Literal["auto", "classic", "atari", "mujoco"] = "auto"
-    """defaults of a family's rl-baselines3-zoo reference (docs/a2c.md); auto picks one from the env's spaces"""
+    """a family's rl-baselines3-zoo defaults (docs/a2c.md); auto picks one from the env's spaces"""
     seed: int = 1
     """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
     torch_deterministic: bool = True
@@ -79,15 +78,15 @@ class Args:
     compile: bool = False
     """torch.compile the acting step and the update (off: the eager code is the one to read; docs/speed.md)"""
     cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
-    """frames: the convolutional trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
     """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env)"""
     eval_deterministic: bool = False
@@ -95,23 +94,21 @@ class Args:
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
     log_interval: int = 100
-    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses are averaged over them"""
-    # --- computed at start-up (check_args) ---
+    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
     world_size: tyro.conf.Suppress[int] = 1
-    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
+    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
 
 
-# Networks: CleanRL's, with the initialisation of Huang et al. 2022
+# Networks: CleanRL's, initialised as Huang et al. 2022 (detail 2: orthogonal weights, zero biases)
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -124,42 +121,39 @@ def mlp(n_in: int, n_out: int, std: float) -> nn.Sequential:
 
 
 class Agent(nn.Module):
-    """Actor-critic: a Nature CNN trunk (frames) or two 64-64 tanh MLPs (vectors); --rnn: a recurrent layer before them."""
+    """Actor-critic: a Nature CNN trunk (frames) or two 64-64 tanh MLPs (vectors); --rnn: memory first."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128, bf16=False):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn="none", rnn_size=128, bf16=False):
         super().__init__()
-        obs_shape, self.dtype = obs_space.shape, torch.bfloat16 if bf16 else torch.float32  # dtype: the trunk's input
-        self.continuous, self.frames = isinstance(action_space, gym.spaces.Box), len(obs_shape) == 3  # frames: (C, H, W)
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunk's input
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        self.frames = len(obs_space.shape) == 3  # (C, H, W)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
-        n_features = 512 if self.frames else int(np.prod(obs_shape))
+        n_features = 512 if self.frames else int(np.prod(obs_space.shape))
         n_head = n_features if rnn == "none" else rnn_size
         if self.frames:  # Mnih et al. 2015 Nature CNN
             self.encoder = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
+                layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+            )  # fmt: skip
             with torch.no_grad():
-                n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
+                n_flat = self.encoder(torch.zeros(1, *obs_space.shape)).shape[1]
             self.encoder.extend([layer_init(nn.Linear(n_flat, 512)), nn.ReLU()])
-            self.encoder.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels take (H, W, C) layouts
+            self.encoder.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels: (H, W, C)
             self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
             self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
         else:
             self.encoder = nn.Flatten()
             self.actor = mlp(n_head, n_out, std=0.01)
             self.critic = mlp(n_head, 1, std=1.0)
-        if self.continuous:  # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
+        if self.continuous:  # Huang et al. 2022, continuous detail 2: a state-independent log std, 0 at first
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
-        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
+        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: without it, the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # floats only here, uint8 frames and bytes scaled to [0, 1] (network_input); --bf16: trunk autocast; features float32
-        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+        # uint8 scaled to [0, 1] here (network_input); --bf16: the trunk in autocast, its features float32
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
             return self.encoder(network_input(x, self.dtype)).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
@@ -167,7 +161,7 @@ class Agent(nn.Module):
         return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them (None without memory; see memory_features)."""
+        """The features the heads see, and the memory's state after them (None without memory)."""
         if self.memory is None:
             return self.encode(x), None
         return memory_features(self.memory, self.encode, x, state, starts, spans)
@@ -175,10 +169,10 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
         return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
 
-    def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
-        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, memory state."""
+    def get_action_and_value(self, x, action=None, deterministic=False, state=None, starts=None, spans=None):
+        """Action (sampled unless given or deterministic), log-probability, entropy, value, memory state."""
         h, state = self.hidden(x, state, starts, spans)
-        if self.continuous:  # independent Gaussians, one per action dimension, with a state-independent log std
+        if self.continuous:  # a Gaussian per action dimension, its log std state-independent
             mean = self.actor(h)
             dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1)
         else:
@@ -188,11 +182,60 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.critic(h).squeeze(-1), state
 
 
-# --- the maths: returns, loss, running statistics (tests/test_maths_ppo_a2c.py holds them to references) ---
+def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation in `dtype`: uint8 (frames, bytes) scaled to [0, 1] on .to's copy; floats as they are."""
+    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
+
+
+def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
+    """--rnn's nn.LSTM or nn.GRU (None: "none"), as CleanRL's ppo_atari_lstm.py: orthogonal, biases 0."""
+    if rnn == "none":
+        return None
+    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
+    for name, param in layer.named_parameters():
+        nn.init.constant_(param, 0.0) if name.startswith("bias") else nn.init.orthogonal_(param, 1.0)
+    return layer
+
+
+def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
+    """The state before an episode: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size) a GRU's."""
+    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
+
+
+def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
+    """Agent.hidden with memory: x a step (B, ...) or sequences (T, B, ...) from `state`; features, state."""
+    one_step = starts is None or starts.dim() == 1
+    x = x.unsqueeze(0) if one_step else x
+    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+    state = zero_state(memory, x.shape[1], x.device) if state is None else state
+    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+    return h.flatten(0, 1), state
+
+
+def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list):
+    """(T, B, F) features from `state`, zeroed where `starts` is 1 (an episode's first); a call per span."""
+    outputs = []
+    for a, b in zip(spans[:-1], spans[1:], strict=False):
+        state = state * (1.0 - starts[a]).view(1, -1, 1)
+        if isinstance(memory, nn.LSTM):
+            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
+            state = torch.cat([h, c])
+        else:
+            out, state = memory(x[a:b], state.contiguous())
+        outputs.append(out)
+    return torch.cat(outputs), state
+
+
+def memory_spans(starts: np.ndarray) -> list[int]:
+    """run_memory's spans for (T, N) episode starts: 0 < ... < T, one beginning wherever an episode starts."""
+    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
+
+
+# The algorithm's maths: pure functions, tensors (or arrays) in and out (tests/test_maths_ppo_a2c.py)
 def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
-    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
-    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
+    """Generalised advantage estimation (Schulman et al. 2016) over a (T, N) rollout; values[t + 1] is the
+    final observation's (next-step autoreset): a truncation bootstraps from it, a termination does not."""
     num_steps = rewards.shape[0]
     advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(num_steps)):
@@ -207,33 +250,30 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef: float, vf_coef: float, norm_adv: bool):
-    """Policy gradient + value regression - entropy bonus over the valid entries of the rollout (Mnih et al. 2016);
-    returns the loss and, detached, (policy loss, value loss, entropy)."""
+def a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef: float, vf_coef: float, norm_adv):
+    """Policy gradient + value loss - entropy bonus over valid entries (Mnih et al. 2016), and the terms."""
     if norm_adv:
         mean = masked_mean(advantages, mask)
         var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
         advantages = (advantages - mean) / (var.sqrt() + 1e-8)
     pg_loss = masked_mean(-advantages.detach() * logprob, mask)
-    # the plain mean squared error, as SB3's and Baselines' A2C (ppo.py halves it), so vf_coef means what it does there
+    # the plain mean squared error, as SB3's and Baselines' A2C (ppo.py halves it): vf_coef as theirs
     v_loss = masked_mean((value - returns) ** 2, mask)
     entropy_loss = masked_mean(entropy, mask)
     loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
-    return loss, torch.stack([pg_loss, v_loss, entropy_loss]).detach()
+    return loss, dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
 
 
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
-    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
-    if not anneal:
-        return learning_rate
-    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+    """Linear decay from learning_rate at iteration 1 to 0 after the last (Huang et al. 2022, detail 4)."""
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations) if anneal else learning_rate
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     resid = returns - values
     var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, torch.nan))
 
 
 def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
@@ -246,90 +286,130 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
 
 
 def normalize_obs(obs: np.ndarray, rms: "RunningMeanStd | None", clip: float = 10.0) -> np.ndarray:
-    """Float observations as float32, standardised and clipped when there are statistics; uint8 ones as they are."""
+    """Float observations as float32, standardised and clipped with statistics; uint8 ones as they are."""
     if rms is None:
         return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
     return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
 
 
 def scale_reward(reward, discounted_return, done, rms: "RunningMeanStd", gamma: float, clip: float = 10.0):
-    """Rewards (numpy rows) over the running std of the discounted return (Huang et al. 2022, continuous detail 8),
-    clipped; and the return for the next step. Every step counts, the reset step too (docs/ppo.md, on --norm-reward)."""
+    """Rewards over the running std of the discounted return (Huang et al. 2022, continuous detail 8)."""
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return[:, None])
     return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
 
 
-# --- the update step ---
+class RunningMeanStd:
+    """Mean and variance of all update() saw, float64 on the host; under torchrun, of every process's rows."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # where, and among how many, rows are exchanged
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+
+    def state_dict(self) -> dict:
+        return {k: torch.from_numpy(np.asarray(getattr(self, k))) for k in ("mean", "var", "count")}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
+
+
+def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
+    """One copy per step: uint8 stays uint8, floats become float32, normalised on the host with --norm-obs."""
+    if obs_rms is not None:
+        obs = obs.astype(np.float32)  # the statistics see what the network sees
+        obs_rms.update(obs)
+    x = torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
 def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
-    # alpha 0.99, eps 1e-5 as Baselines and SB3: PyTorch's 1e-8 in lr * g / (sqrt(mean g^2) + eps) blows tiny gradients up.
-    # A3C was tuned with TensorFlow's RMSprop (Mnih et al. 2016), whose eps sits inside the root: --rmsprop-tf-like.
+    # RMSprop as A3C (Mnih et al. 2016); alpha 0.99, eps 1e-5 as Baselines and SB3: PyTorch's 1e-8 in
+    # lr * g / (sqrt(mean g^2) + eps) blows tiny gradients up. TensorFlow's, eps inside: --rmsprop-tf-like
+    settings = dict(lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
     if args.rmsprop_tf_like:
-        return RMSpropTF(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    # foreach: a few operations over all parameters at once, not a loop over tensors (PyTorch has no fused RMSprop)
-    return torch.optim.RMSprop(params, lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps, foreach=True)
+        return RMSpropTF(params, **settings)
+    return torch.optim.RMSprop(params, **settings, foreach=True)  # foreach: a few ops over all parameters
+
+
+class RMSpropTF(torch.optim.Optimizer):
+    """TensorFlow's RMSprop (Baselines' A2C, SB3's RMSpropTFLike): eps inside the root, mean square from 1."""
+
+    def __init__(self, params, lr: float, alpha: float, eps: float):
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
+        # made here: one made in a step that --cudagraphs captures, the graph's next replay overwrites
+        for p in (p for group in self.param_groups for p in group["params"]):
+            self.state[p]["square_avg"] = torch.ones_like(p)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                square_avg = self.state[p]["square_avg"].mul_(group["alpha"])
+                square_avg.addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
+                p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr: a float or a tensor
 
 
 def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step and the update, the two functions `--compile` hands to torch.compile (LeanRL's approach: the
-    same code, traced once); without it they run eagerly, as written here."""
+    """The acting step and the update, which --compile hands to torch.compile (LeanRL's way)."""
 
-    def update(obs, actions, advantages, returns, valid, state=None, starts=None, spans=None):
-        """The whole rollout: the A2C loss, its gradient (norm clipped), an RMSprop step; returns the loss terms. With
-        memory, obs are the envs' sequences (T, N, ...) replayed from `state`, and the other tensors their T*N steps."""
+    def update(batch: dict, memory: dict) -> dict:
+        """The whole rollout (memory: the state to replay it from, or none): loss, gradient, RMSprop step."""
         optimizer.zero_grad(set_to_none=True)
-        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
-        loss, step_stats = a2c_loss(newlogprob, entropy, newvalue, advantages, returns, valid,
-                                    args.ent_coef, args.vf_coef, args.norm_adv)  # fmt: skip
+        _, logprob, entropy, value, _ = agent.get_action_and_value(batch["obs"], batch["actions"], **memory)
+        loss, stats = a2c_loss(logprob, entropy, value, batch["advantages"], batch["returns"], batch["valid"],
+                               args.ent_coef, args.vf_coef, args.norm_adv)  # fmt: skip
         loss.backward()
-        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+        if args.world_size > 1:  # torchrun: every process steps with all processes' mean gradient
             average_gradients(agent.parameters(), args.world_size)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
-        return step_stats
+        return stats
 
-    if args.compile:  # the rate as a tensor, so that annealing it does not recompile the update
-        optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=next(agent.parameters()).device)
-    return compiled_if_asked(agent.get_action_and_value, update, args)
+    return compiled_if_asked(agent, optimizer, update, args)
 
 
 def main(args: Args) -> None:
-    # --- set-up: checks, processes, device, checkpoint, run directory, writer (start_run, below the marker) ---
+    # --- set-up: checks, processes, run directory, writer, this process's envs (start_run, below); agent ---
     run = start_run(args)
-    rank, device, obs_space, action_space = run.rank, run.device, run.obs_space, run.action_space
-    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size, args.bf16).to(device)  # the same in every process
+    device = run.device
+    agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(device)
     optimizer = make_optimizer(agent.parameters(), args)
     act, update = training_steps(agent, optimizer, args)
-    obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
+    obs_rms = RunningMeanStd(run.obs_space.shape, device, args.world_size) if args.norm_obs else None
     return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
-    if args.world_size > 1:  # torchrun: each process samples its own actions
-        torch.manual_seed(args.seed + rank)
+    if args.world_size > 1:  # torchrun: the same weights, but each process samples its own actions
+        torch.manual_seed(args.seed + run.rank)
     global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
-
-    # a resumed run's envs take a fresh seed; process r steps envs r*N .. r*N + N-1, with the backend one process would pick
+    # rollout storage, preallocated on the device: T steps of this process's N envs; uint8 frames stay uint8
     T, N = args.num_steps, args.num_envs // args.world_size
-    seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
-    envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend)
-    # rollout storage, preallocated on the device; uint8 stays uint8, frames laid out as the trunk reads them (rollout_obs)
-    obs = rollout_obs((T, N), obs_space, device)
-    actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
+    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32
+    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=obs_dtype, device=device)
+    if agent.frames:  # channels-last, (H, W, C) in memory, seen as (C, H, W), as the trunk's kernels want
+        obs = obs.movedim(-3, -1).contiguous().movedim(-1, -3)
+    action_dtype = torch.float32 if agent.continuous else torch.long
+    actions = torch.zeros((T, N) + run.action_space.shape, dtype=action_dtype, device=device)
     values = torch.zeros((T, N), device=device)
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
-    next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    # recurrent (None without memory): the state carried from step to step, zeroed where an episode starts (run_memory)
-    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    step_rows = torch.zeros((4, T, N), device=device)  # a step's rows, filled on the host, then one copy
+    rewards, terminations, dones, valid = step_rows.unbind()
+    next_obs = to_obs_tensor(run.envs.reset()[0], device, obs_rms)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step after a done
+    state = agent.initial_state(N, device)  # recurrent: carried step to step, zeroed where an episode starts
+    next_start = torch.ones(N, device=device)
     starts = None if state is None else torch.zeros((T, N), device=device)
-    discounted_return, ep_return, ep_length = np.zeros(N), np.zeros(N), np.zeros(N, dtype=np.int64)
-    # summed over the log interval, on the device; and the episodes ended since the last log, as (step, returns, lengths)
-    stats, num_updates, finished = torch.zeros(3, device=device), 0, []
-
+    discounted_return = np.zeros(N)  # --norm-reward's
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)  # the logged episodes' running ones
     for iteration in range(start_iteration, args.num_iterations + 1):
         lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
         optimizer.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"].fill_(lr) if args.compile else lr
         # --- rollout ---
         rollout_state = state  # recurrent: where the update replays each env's sequence from
+        finished = []  # (step, returns, lengths) of the episodes that end in this rollout
         for step in range(T):
             global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
@@ -337,50 +417,45 @@ def main(args: Args) -> None:
                 action, _, _, value, state = act(next_obs, state=state, starts=next_start)
             actions[step], values[step] = action, value
             env_action = action.cpu().numpy()
-            if agent.continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
-                env_action = np.clip(env_action, action_space.low, action_space.high)
-            next_obs_np, reward, term, trunc, info = finite_step(envs.step(env_action), global_step)  # NaN/inf: one line
+            if agent.continuous:  # the Gaussian sample is stored unclipped; the env sees it clipped
+                env_action = np.clip(env_action, run.action_space.low, run.action_space.high)
+            next_obs_np, reward, term, trunc, info = finite_step(run.envs.step(env_action), global_step)
             done = term | trunc
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            train_reward = reward.astype(np.float32)  # as the rollout stores it, scaled with --norm-reward
             if return_rms is not None:
-                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            if state is not None:  # recurrent: zeroed after the reset step, which acts on an episode's last observation
+                train_reward, discounted_return = scale_reward(train_reward, discounted_return, done, return_rms, args.gamma)
+            step_rows[:, step] = torch.from_numpy(np.array([train_reward, term, done, next_valid], "float32"))
+            if state is not None:  # recurrent: zeroed after the reset step (it acts on the last observation)
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-            ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
-            finished.append((global_step, *ended))
+            # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
+            episode_end = info["terminated"].astype(bool) | trunc if run.is_atari else done
+            ep_return += info["reward"] if run.is_atari else reward
+            ep_length += next_valid  # the reset step is not a step of the episode
+            finished.append((global_step, ep_return[episode_end], ep_length[episode_end]))
+            ep_return[episode_end], ep_length[episode_end] = 0.0, 0
             next_valid = ~done
         # --- advantages: n-step returns (GAE with lambda 1 by default) ---
         with torch.no_grad():
             next_value = agent.get_value(next_obs, state, next_start)
         advantages, returns = compute_gae(rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda)
-        b_actions = actions.reshape((-1,) + action_space.shape)
-        b_advantages, b_returns, b_values, b_valid = (x.reshape(-1) for x in (advantages, returns, values, valid))
-        # --- update: one gradient step on the whole rollout (with memory, its sequences from the rollout's state) ---
-        memory = () if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
-        stats += update(obs.flatten(0, 1) if state is None else obs, b_actions, b_advantages, b_returns, b_valid, *memory)
-        num_updates += 1
-        # --- logging (process 0, with every process's episodes): one host sync and one exchange per log interval ---
-        stopping = checked_and_stopping(run, args, stats, global_step)  # NaN/inf check; torchrun: the same stop everywhere
-        if iteration % args.log_interval == 0 or iteration == args.num_iterations or stopping:
-            log_iteration(args, run, finished, stats / num_updates, (b_values, b_returns, b_valid), lr, global_step, iteration)
-            stats, num_updates, finished = torch.zeros(3, device=device), 0, []
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            evaluate_and_log(args, run, agent, obs_rms, global_step)
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(args, run, (agent, optimizer, obs_rms, return_rms), global_step, iteration)
-        if stopping:
-            stop_run(args, run, envs, global_step)
-    # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (end_run, below) ---
-    end_run(args, run, envs, agent, obs_rms, global_step)
+        # --- update: one gradient step on the whole rollout, flat (with memory, obs stay sequences) ---
+        memory = {}  # recurrent: each env's sequence, replayed from its state at the rollout's start
+        if state is not None:
+            memory = dict(state=rollout_state, starts=starts, spans=memory_spans(starts.cpu().numpy() > 0))
+        batch = dict(obs=obs.flatten(0, 1) if state is None else obs, actions=actions.flatten(0, 1),
+                     values=values.flatten(), advantages=advantages.flatten(), returns=returns.flatten(),
+                     valid=valid.flatten())  # fmt: skip
+        stats = update(batch, memory)
+        # --- logging (process 0, every --log-interval iterations), evaluation, checkpoint, stop requests ---
+        nets = (agent, optimizer, obs_rms, return_rms)
+        end_iteration(args, run, nets, finished, stats, batch, lr, global_step, iteration)
+    end_run(args, run, agent, obs_rms, global_step)  # the final model saved, reloaded and evaluated
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: presets, envs, recurrent and torchrun helpers, evaluation, checks, the set-up and end of a run
+# This file's machinery: presets, envs, evaluation, checks, torchrun helpers, the set-up, iterations' ends and end of a run
 # ---------------------------------------------------------------------------------------------------------------
 import difflib
 import os
@@ -537,100 +612,7 @@ def can_render(env_id: str, backend: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-def game_end_and_score(reward, term, trunc, info, is_atari: bool):
-    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
-    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
-    if is_atari:
-        return info["terminated"].astype(bool) | trunc, info["reward"]
-    return term | trunc, reward
-
-
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
-
-
-def compiled_if_asked(act, update, args: Args):
-    """training_steps' two functions, handed to torch.compile with --compile (LeanRL's approach: the same code, traced
-    once); without it, as they are."""
-    if not args.compile:
-        return act, update
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
-
-
-# --- recurrent helpers ---
-def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
-    """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size)
-    for a GRU."""
-    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
-
-
-def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
-    """Agent.hidden with memory: x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from
-    `state` with the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when
-    given); returns the features, (T*B, size), and the memory's state after them."""
-    one_step = starts is None or starts.dim() == 1
-    x = x.unsqueeze(0) if one_step else x
-    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-    state = zero_state(memory, x.shape[1], x.device) if state is None else state
-    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-    # without spans, one call per step: right for any starts
-    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-    return h.flatten(0, 1), state
-
-
-def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
-    """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
-    ppo_atari_lstm.py initialises its LSTM."""
-    if rnn == "none":
-        return None
-    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
-    for name, param in layer.named_parameters():
-        if name.startswith("bias"):
-            nn.init.constant_(param, 0.0)
-        else:
-            nn.init.orthogonal_(param, 1.0)
-    return layer
-
-
-def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list[int]):
-    """The recurrent layer over (T, B, F) features from `state` (see Agent.initial_state). `starts` (T, B) is 1 at the
-    first observation of an episode: the state is zeroed just before that step, so no memory crosses from one episode
-    into the next. `spans` are the time indices 0 = s_0 < s_1 < ... = T such that no episode starts inside a span
-    except at its first step: each span is one call of the layer (cuDNN's or oneDNN's whole-sequence kernel) instead
-    of one call per step, which is where recurrent PPO spends its time. Returns (T, B, size) outputs and the state
-    after the last step."""
-    outputs = []
-    for a, b in zip(spans[:-1], spans[1:], strict=False):
-        state = state * (1.0 - starts[a]).view(1, -1, 1)
-        if isinstance(memory, nn.LSTM):
-            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
-            state = torch.cat([h, c])
-        else:
-            out, state = memory(x[a:b], state.contiguous())
-        outputs.append(out)
-    return torch.cat(outputs), state
-
-
-def memory_spans(starts: np.ndarray) -> list[int]:
-    """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
-    episode. Computed on the host once per rollout (one copy of the starts there, beside the iteration's logging sync),
-    and valid for any subset of the envs (a span boundary where none of them starts only splits a call)."""
-    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
-
-
-# --- running statistics under torchrun, the TensorFlow-like RMSprop, evaluation, checks ---
+# --- running statistics under torchrun, --compile, evaluation, checks ---
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
     process: its own rows, as they are."""
@@ -641,71 +623,15 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-class RMSpropTF(torch.optim.Optimizer):
-    """RMSprop as TensorFlow 1 computes it, and so OpenAI Baselines' A2C: epsilon inside the square root and the mean
-    square initialised to 1, which keeps the first steps small (SB3's RMSpropTFLike, used by rl-baselines3-zoo on Atari)."""
-
-    def __init__(self, params, lr: float, alpha: float, eps: float):
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
-        # made here, not at the first step: a tensor made inside a step that --cudagraphs captures lives in the graph's
-        # memory, which its next replay overwrites (an H100 run failed so: "accessing tensor output of CUDAGraphs")
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["square_avg"] = torch.ones_like(p)
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                square_avg = self.state[p]["square_avg"]
-                square_avg.mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
-                p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr a float or, compiled, a tensor
-
-
-def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An observation as the network's first layer takes it, in `dtype`: uint8 ones (frames, or bytes such as Atari's RAM)
-    scaled to [0, 1], in place on the copy .to makes; float ones as they are. The caller's tensor is never changed."""
-    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
-
-
-def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
-    """One copy per step: uint8 observations stay uint8 (the network scales them), others become float32, normalised on
-    the host with running statistics when --norm-obs is on; frames laid out channels-last as rollout_obs stores them."""
-    if obs_rms is not None:
-        obs = obs.astype(np.float32)  # the statistics see what the network sees
-        obs_rms.update(obs)
-    x = torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
-    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+def compiled_if_asked(agent: Agent, optimizer: torch.optim.Optimizer, update, args: Args):
+    """training_steps' acting step and update, handed to torch.compile with --compile (LeanRL's approach: the same
+    code, traced once), the learning rate then held in a tensor, so that annealing it does not recompile the update;
+    without --compile, as they are."""
+    if not args.compile:
+        return agent.get_action_and_value, update
+    optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=next(agent.parameters()).device)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(agent.get_action_and_value, mode=mode), torch.compile(update, mode=mode)
 
 
 def bf16_note(device: torch.device) -> str:
@@ -723,18 +649,6 @@ def bf16_note(device: torch.device) -> str:
         native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
     what = "GPU" if device.type == "cuda" else "CPU"
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
-
-
-def rollout_obs(rows: tuple, obs_space: gym.Space, device: torch.device) -> torch.Tensor:
-    """main's observation storage, `rows` + the observation's shape, on the device: uint8 observations as uint8, others
-    as float32; (C, H, W) frames stored channels-last ((H, W, C) in memory, seen as (C, H, W)): the layout the trunk's
-    kernels want, so that neither a step's frames (to_obs_tensor) nor a minibatch gathered from the rollout needs
-    converting."""
-    dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
-    if len(obs_space.shape) != 3:
-        return torch.zeros(rows + obs_space.shape, dtype=dtype, device=device)
-    c, h, w = obs_space.shape
-    return torch.zeros(rows + (h, w, c), dtype=dtype, device=device).movedim(-1, -3)
 
 
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
@@ -765,7 +679,7 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 
 def restore_run(args: Args, run: types.SimpleNamespace, agent, optimizer, obs_rms, return_rms) -> tuple[int, int]:
     """--resume: weights, Adam's moments, the statistics and this process's RNG states from the checkpoint. Returns the
-    step and the iteration to go on from (0 and 1 for a new run). Keeps the agent in run.nets for log_iteration's check."""
+    step and the iteration to go on from (0 and 1 for a new run). Keeps the agent in run.nets for end_iteration's check."""
     ckpt, run.nets = run.ckpt, (agent,)
     if ckpt is None:
         return 0, 1
@@ -1004,18 +918,6 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
     return stopping
 
 
-def checked_and_stopping(run: types.SimpleNamespace, args: Args, stats: torch.Tensor, global_step: int) -> bool:
-    """Each iteration: process 0 checks the loss terms summed since the last log and the weights for a NaN or inf (the
-    losses are logged only every --log-interval iterations, and a rollout from such weights would fail deep in the
-    action sampling), in one host sync; then stop_everywhere."""
-    if run.rank == 0:
-        *sums, total = torch.cat([stats, parameter_sum(*run.nets)]).tolist()
-        check_training(
-            {**dict(zip(("policy_loss", "value_loss", "entropy"), sums, strict=True)), "parameter sum": total}, global_step
-        )
-    return stop_everywhere(run.stop, args.world_size, run.device)
-
-
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
     """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
     in its resume line, and every process waits there until process 0 has written the checkpoint."""
@@ -1048,43 +950,58 @@ def start_run(args: Args) -> types.SimpleNamespace:
         if args.bf16 and (slow := bf16_note(device)):
             print(slow, flush=True)
     resumed_at = ckpt["global_step"] if ckpt else None
+    # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
+    n, backend = args.num_envs // args.world_size, pick_backend(args.env_id, args.num_envs, args.env_backend)
+    envs, is_atari = make_env(args.env_id, n, args.seed + (resumed_at or 0) + rank * n, args.episodic_life,
+                              args.reward_clip, backend)  # fmt: skip
     return types.SimpleNamespace(
         rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt, run_dir=run_dir,
-        writer=open_writer(run_dir, args, resumed_at) if rank == 0 else None,
+        envs=envs, is_atari=is_atari, writer=open_writer(run_dir, args, resumed_at) if rank == 0 else None,
         progress=Progress(args, resumed_at or 0, args.total_timesteps), stop=stop_requests(),
+        loss_sums={}, updates=0, finished=[],  # end_iteration's, since its last log
     )  # fmt: skip
 
 
-def log_iteration(args: Args, run: types.SimpleNamespace, finished: list, stats, ev_inputs: tuple, lr, global_step, iteration):
-    """Process 0's log: every process's finished episodes at the steps they ended (one exchange), the update's mean loss
-    terms (`stats`), the explained variance of the values (`ev_inputs`: values, returns, valid), the learning rate and
-    the progress line."""
-    episodes = gather_episodes(finished, args.world_size)
-    if run.rank != 0:
-        return
-    explained = explained_variance(*(x.flatten() for x in ev_inputs)).reshape(1)
-    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")[: len(stats)]
-    *losses, ev, total = torch.cat([stats, explained, parameter_sum(*run.nets)]).tolist()
-    for step, fin_returns, fin_lengths in episodes:
-        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, step)
-    check_training({**dict(zip(names, losses, strict=True)), "parameter sum": total}, global_step)
-    for name, value in zip((*names, "explained_variance"), (*losses, ev), strict=True):
-        run.writer.add_scalar(f"losses/{name}", value, global_step)
-    run.writer.add_scalar("charts/learning_rate", lr, global_step)
-    run.progress.log(run.writer, global_step, global_step, force=iteration == args.num_iterations)
-
-
-def evaluate_and_log(args: Args, run: types.SimpleNamespace, agent: Agent, obs_rms, global_step: int) -> None:
-    """An evaluation during training (--eval-every; process 0), the progress line paused while it runs."""
-    with run.progress.paused():
-        eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.run_dir, global_step))
-        log_eval(run.writer, eval_returns, global_step)
-
-
-def stop_run(args: Args, run: types.SimpleNamespace, envs, global_step: int) -> None:
-    """A stop request (Ctrl-C, SIGTERM), after its checkpoint: the envs closed, then every process leaves."""
-    envs.close()
-    stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"step {global_step:,}")
+def end_iteration(args: Args, run: types.SimpleNamespace, nets: tuple, finished: list, stats: dict, batch: dict, lr,
+                  global_step: int, iteration: int) -> None:  # fmt: skip
+    """After each update: the loss terms (`stats`) summed on the device and, on process 0, checked with the weights for
+    a NaN or inf in one host sync (a rollout from such weights would fail deep in the action sampling); a stop request
+    taken by every process alike; every --log-interval iterations, at the last and on a stop, process 0's log: every
+    process's finished episodes at the steps they ended (one exchange), the mean loss terms, the explained variance of
+    the rollout's values (`batch`), the learning rate, the progress line; an evaluation (--eval-every; process 0, the
+    progress line paused), a checkpoint (--checkpoint-every, or a stop request), and on a stop the envs closed and
+    every process leaves. `nets`: agent, optimiser, observation and reward statistics."""
+    run.loss_sums = {name: run.loss_sums.get(name, 0.0) + value for name, value in stats.items()}
+    run.updates += 1
+    run.finished += finished
+    if run.rank == 0:
+        *sums, total = torch.cat([torch.stack(list(run.loss_sums.values())), parameter_sum(*run.nets)]).tolist()
+        check_training({**dict(zip(run.loss_sums, sums, strict=True)), "parameter sum": total}, global_step)
+    stopping = stop_everywhere(run.stop, args.world_size, run.device)
+    if iteration % args.log_interval == 0 or iteration == args.num_iterations or stopping:
+        episodes = gather_episodes(run.finished, args.world_size)
+        means = {name: value / run.updates for name, value in run.loss_sums.items()}
+        run.loss_sums, run.updates, run.finished = {}, 0, []
+        if run.rank == 0:
+            explained = explained_variance(batch["values"], batch["returns"], batch["valid"]).reshape(1)
+            *losses, ev, total = torch.cat([torch.stack(list(means.values())), explained, parameter_sum(*run.nets)]).tolist()
+            for step, fin_returns, fin_lengths in episodes:
+                run.progress.log_episodes(run.writer, fin_returns, fin_lengths, step)
+            check_training({**dict(zip(means, losses, strict=True)), "parameter sum": total}, global_step)
+            for name, value in zip((*means, "explained_variance"), (*losses, ev), strict=True):
+                run.writer.add_scalar(f"losses/{name}", value, global_step)
+            run.writer.add_scalar("charts/learning_rate", lr, global_step)
+            run.progress.log(run.writer, global_step, global_step, force=iteration == args.num_iterations)
+    agent, _, obs_rms, _ = nets
+    if run.rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
+        with run.progress.paused():
+            eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.run_dir, global_step))
+            log_eval(run.writer, eval_returns, global_step)
+    if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
+        write_checkpoint(args, run, nets, global_step, iteration)
+    if stopping:
+        run.envs.close()
+        stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"step {global_step:,}")
 
 
 def write_checkpoint(args: Args, run: types.SimpleNamespace, nets: tuple, global_step: int, iteration: int) -> None:
@@ -1102,10 +1019,10 @@ def write_checkpoint(args: Args, run: types.SimpleNamespace, nets: tuple, global
         )  # fmt: skip
 
 
-def end_run(args: Args, run: types.SimpleNamespace, envs, agent: Agent, obs_rms, global_step: int) -> None:
+def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, obs_rms, global_step: int) -> None:
     """The end of a run: the envs closed, the processes leave together, and process 0 saves the final model, reloads it
     from disk and evaluates it with frozen statistics (--save-model), then closes the writer."""
-    envs.close()
+    run.envs.close()
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
@@ -1510,10 +1427,11 @@ def finite_step(out: tuple, global_step: int) -> tuple:
     """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
     anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
-        if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not np.isfinite(x).all():
-            env = int(np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))[0])
+        if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not (ok := np.isfinite(x)).all():
+            rows = ok.reshape(len(x), -1).all(axis=1)  # (an overflowing sum of finite values passes)
+            env, value = int(np.flatnonzero(~rows)[0]), x[~ok][0]
             where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
-            raise NonFinite(f"the env's {what} is not finite at step {global_step:,} ({where}), and nothing learned from it")
+            raise NonFinite(f"the env's {what} is {value} at step {global_step:,} ({where}), and nothing learned from it")
     return out
 
 
