@@ -1547,10 +1547,11 @@ def finite_step(out: tuple, global_step: int) -> tuple:
     """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
     anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
-        if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not np.isfinite(x).all():
-            env = int(np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))[0])
+        if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not (ok := np.isfinite(x)).all():
+            rows = ok.reshape(len(x), -1).all(axis=1)  # (an overflowing sum of finite values passes)
+            env, value = int(np.flatnonzero(~rows)[0]), x[~ok][0]
             where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
-            raise NonFinite(f"the env's {what} is not finite at step {global_step:,} ({where}), and nothing learned from it")
+            raise NonFinite(f"the env's {what} is {value} at step {global_step:,} ({where}), and nothing learned from it")
     return out
 
 
