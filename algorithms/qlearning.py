@@ -392,10 +392,8 @@ def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
     if low.size != dims or high.size != dims:
         fail(f"--obs-low and --obs-high need {dims} values each, one per dimension of {obs_space}; pass {dims} to each")
     if (bad := np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))).size:
-        fail(
-            f"the grid (its bounds are not finite in dimensions {bad.tolist()}) is unbounded in some dimensions; give "
-            f"the grid's bounds with --obs-low and --obs-high ({dims} values each)"
-        )
+        fail(f"the grid (its bounds are not finite in dimensions {bad.tolist()}) is unbounded in some dimensions; give "
+             f"the grid's bounds with --obs-low and --obs-high ({dims} values each)")  # fmt: skip
     if (bad := np.flatnonzero(~(high > low))).size:
         fail(f"the grid is empty in dimensions {bad.tolist()} (high <= low); pass each --obs-high above its --obs-low")
     return Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
@@ -419,15 +417,9 @@ def episode_horizon(env_id: str, max_episode_steps: int) -> int | None:
 
 def transition_tables(env_id: str):
     """(P[s, a, s'], expected reward R[s, a], terminal mass T[s, a, s'], start distribution) from gymnasium's
-    env.unwrapped.P, or None where the env has none.
-
-    The start distribution is gymnasium's (initial_state_distrib), not sampled from envpool. envpool's FrozenLake,
-    FrozenLake8x8 and CliffWalking start in the same single state as gymnasium's. envpool's Taxi-v3 does not: it starts
-    uniformly over 400 states, gymnasium's 300 (passenger waiting away from the destination) and 100 more with the
-    passenger waiting at the destination. So on Taxi the exact optimum (7.93) and eval/exact_return are over
-    gymnasium's 300 start states, the published figure; over envpool's 400, which training and the sampled evaluation
-    start from, the optimum is 9.555. tests/test_qlearning.py checks this against envpool's resets.
-    """
+    env.unwrapped.P, or None where the env has none. The start distribution is gymnasium's: the same single state as
+    envpool's on FrozenLake and CliffWalking; on Taxi gymnasium's 300 states (optimum 7.93, the published figure)
+    where envpool's Taxi-v3 starts from 400 (optimum 9.555; docs/qlearning.md, implementation detail 11)."""
     env = table_env(env_id)
     if env is None:
         return None
@@ -483,36 +475,28 @@ def grid_map(env_id: str) -> tuple[list[str], str] | None:
     """(map rows, arrow per action) for the grid worlds; None for other envs."""
     from gymnasium.envs.toy_text.frozen_lake import MAPS
 
-    if env_id == "FrozenLake-v1":
-        return MAPS["4x4"], "←↓→↑"
-    if env_id == "FrozenLake8x8-v1":
-        return MAPS["8x8"], "←↓→↑"
-    if env_id in ("CliffWalking-v0", "CliffWalking-v1"):
-        return ["." * 12, "." * 12, "." * 12, "S" + "C" * 10 + "G"], "↑→↓←"
-    return None
+    cliff = (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")
+    maps = {"FrozenLake-v1": (MAPS["4x4"], "←↓→↑"), "FrozenLake8x8-v1": (MAPS["8x8"], "←↓→↑")}
+    return {**maps, "CliffWalking-v0": cliff, "CliffWalking-v1": cliff}.get(env_id)
 
 
 def policy_text(q: np.ndarray, rows: list[str], arrows: str) -> str:
     """The greedy policy as a text grid: an arrow on each cell the agent can stand on, the map's letter elsewhere."""
     actions = q.argmax(1)
-    lines = []
-    for i, row in enumerate(rows):
-        cells = [c if c in "HGC" else arrows[actions[i * len(row) + j]] for j, c in enumerate(row)]
-        lines.append(" ".join(cells))
-    return "\n".join(lines)
+    cells = [[c if c in "HGC" else arrows[actions[i * len(row) + j]] for j, c in enumerate(row)] for i, row in enumerate(rows)]
+    return "\n".join(" ".join(row) for row in cells)
 
 
 def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, title: str) -> None:
     """Greedy policy as arrows over the map, state values max_a Q(s, a) as colours."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # drawn without pyplot, so no display or backend is needed
+    from matplotlib.patches import Rectangle
 
     h, w = len(rows), len(rows[0])
     values = q.max(1).reshape(h, w)
     special = np.array([[c in "HGC" for c in row] for row in rows])
-    fig, ax = plt.subplots(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
+    fig = Figure(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
+    ax = fig.subplots()
     im = ax.imshow(np.ma.masked_array(values, special), cmap="viridis")
     fig.colorbar(im, ax=ax, label="V(s) = max_a Q(s, a), discounted", fraction=0.046 if w > h else 0.1)
     dx = {"←": (-1, 0), "→": (1, 0), "↑": (0, -1), "↓": (0, 1)}
@@ -521,7 +505,7 @@ def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, titl
         for j in range(w):
             c = rows[i][j]
             if c in names:
-                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="black" if c != "G" else "gold"))
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="black" if c != "G" else "gold"))
                 ax.text(j, i, names[c], ha="center", va="center", fontsize=7, color="white" if c != "G" else "black")
                 continue
             u, v = dx[arrows[int(q[i * w + j].argmax())]]
@@ -533,7 +517,6 @@ def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, titl
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
