@@ -475,25 +475,11 @@ CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    log_interval="[1, inf)",
-    total_timesteps="[1, inf)",
-    learning_rate="(0, inf)",
-    num_envs="[1, inf)",
-    num_steps="[1, inf)",
-    gamma="[0, 1]",
-    gae_lambda="[0, 1]",
-    rmsprop_alpha="[0, 1)",
-    rmsprop_eps="(0, inf)",
-    ent_coef="[0, inf)",
-    vf_coef="[0, inf)",
-    max_grad_norm="(0, inf)",
-    rnn_size="[1, 16384]",
-)
+    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)", log_interval="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
+    num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", rmsprop_alpha="[0, 1)",
+    rmsprop_eps="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="(0, inf)", rnn_size="[1, 16384]",
+)  # fmt: skip
 
 # rl-baselines3-zoo's hyperparams/a2c.yml on top of SB3's A2C defaults (lr 7e-4, 5 steps, gamma 0.99, lambda 1,
 # vf 0.5, grad clip 0.5, RMSprop eps 1e-5), whose published results benchmark/a2c.sh reproduces. classic is its
@@ -964,13 +950,10 @@ def start_run(args: Args) -> types.SimpleNamespace:
 
 def end_iteration(args: Args, run: types.SimpleNamespace, nets: tuple, finished: list, stats: dict, batch: dict, lr,
                   global_step: int, iteration: int) -> None:  # fmt: skip
-    """After each update: the loss terms (`stats`) summed on the device and, on process 0, checked with the weights for
-    a NaN or inf in one host sync (a rollout from such weights would fail deep in the action sampling); a stop request
-    taken by every process alike; every --log-interval iterations, at the last and on a stop, process 0's log: every
-    process's finished episodes at the steps they ended (one exchange), the mean loss terms, the explained variance of
-    the rollout's values (`batch`), the learning rate, the progress line; an evaluation (--eval-every; process 0, the
-    progress line paused), a checkpoint (--checkpoint-every, or a stop request), and on a stop the envs closed and
-    every process leaves. `nets`: agent, optimiser, observation and reward statistics."""
+    """After each update: the loss terms summed, and checked with the weights for a NaN or inf by process 0 in one host
+    sync (a rollout from such weights would fail deep in the sampling); every --log-interval iterations, at the last
+    and on a stop request, process 0 logs every process's episodes, the mean loss terms, the explained variance of
+    `batch`'s values, the learning rate; then evaluation, checkpoint, and the stop (`nets`: write_checkpoint's)."""
     run.loss_sums = {name: run.loss_sums.get(name, 0.0) + value for name, value in stats.items()}
     run.updates += 1
     run.finished += finished
