@@ -1,16 +1,16 @@
-"""RND, Random Network Distillation (Burda et al. 2019), with PPO on envpool Atari; benchmark: `bash benchmark/rnd_ppo.sh`.
+"""RND (Random Network Distillation, Burda et al. 2019) with PPO on envpool Atari; `benchmark/rnd_ppo.sh`.
 
-Reading guide: this part is the algorithm (Args, the agent and RND's networks, the maths of the intrinsic reward and of
-both advantage streams, the update, then `main`), down to the line that begins `# The algorithm ends here`. Below it:
-this file's machinery (envs, statistics, memory, torchrun, evaluation, checks, start_run, end_run), then the run
-plumbing that all eight files share. docs/rnd_ppo.md says where each default and detail comes from.
+Reading guide: this part is the algorithm, down to the line that begins `# The algorithm ends here`: Args,
+the agent and RND's networks, the running statistics, the maths of the intrinsic reward and of both advantage
+streams, the update and `main`. Below it: this file's machinery (run flags, envs, rooms, torchrun, evaluation,
+checks, start_run, end_run), then the run plumbing all eight files share. docs/rnd_ppo.md has the sources.
 """
 
 import os
 from dataclasses import dataclass
 from typing import Literal
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -23,9 +23,9 @@ from torch.nn import functional as F
 
 @dataclass
 class Args:
-    # --- algorithm: PPO (the defaults are the paper's and the reference's; docs/rnd_ppo.md gives their sources) ---
+    # --- algorithm: PPO (the defaults are the paper's and the reference's; docs/rnd_ppo.md has sources) ---
     total_timesteps: int = 491_520_000
-    """env steps over all envs (30K rollouts x 128 envs x 128 steps, about 2B frames); --resume may raise it"""
+    """env steps of all envs (30K rollouts x 128 envs x 128 steps, about 2B frames); --resume may raise it"""
     learning_rate: float = 1e-4
     """Adam learning rate (policy, both value heads and the predictor)"""
     num_envs: int = 128
@@ -45,7 +45,7 @@ class Args:
     update_epochs: int = 4
     """epochs over each rollout"""
     norm_adv: bool = False
-    """normalise the combined advantages per minibatch (CleanRL's ppo_rnd_envpool.py; the reference does not)"""
+    """standardise the combined advantages per minibatch (CleanRL's ppo_rnd_envpool.py; not the reference)"""
     clip_coef: float = 0.1
     """surrogate clipping coefficient"""
     ent_coef: float = 0.001
@@ -55,8 +55,7 @@ class Args:
     max_grad_norm: float = 0.0
     """global gradient norm clip (0: none, as the reference; CleanRL's clips at 0.5)"""
     reward_clip: bool = True
-    """train on the sign of the extrinsic reward, as the reference (the logged return is still the raw score)"""
-
+    """train on the sign of the extrinsic reward, as the reference (the logged return is the raw score)"""
     # --- algorithm: RND ---
     ext_coef: float = 2.0
     """weight of the extrinsic advantage in the combined advantage"""
@@ -65,24 +64,21 @@ class Args:
     update_proportion: float = 0.25
     """fraction of each minibatch the predictor is trained on"""
     num_iterations_obs_norm_init: int = 50
-    """random-action rollouts (num_steps steps of every env) that initialise the observation statistics (0: none)"""
+    """rollouts of random actions (num_steps of every env) that start the observation statistics (0: none)"""
     chunk_size: int = 0
-    """observations per forward/backward pass in a minibatch; the update is the same (0: 256 on CPU, all on CUDA)"""
-
+    """observations per forward/backward pass of a minibatch, the same update (0: 256 on CPU, all on CUDA)"""
     # --- memory: a recurrent policy ---
     rnn: Literal["none", "lstm", "gru"] = "none"
-    """a recurrent layer between the encoder and the heads (none: the paper's feed-forward policy); RND stays feed-forward"""
+    """a recurrent layer between the encoder and the heads (none: the paper's feed-forward policy)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-
     # --- env: the paper's Atari settings ---
     env_id: str = "MontezumaRevenge-v5"
-    """envpool Atari id (MontezumaRevenge-v5, Venture-v5, Gravitar-v5, ...); rooms are logged for Montezuma and Pitfall"""
+    """envpool Atari id (MontezumaRevenge-v5, Venture-v5, ...); rooms are logged for Montezuma and Pitfall"""
     sticky_action_prob: float = 0.25
     """probability that the emulator repeats the previous action on each frame (sticky actions)"""
     max_episode_steps: int = 4500
     """episode cap in agent steps (4,500 x 4 frames = 18,000 frames); the cap is a truncation"""
-
     # --- run settings ---
     exp_name: str = "rnd_ppo"
     """name of this experiment, part of the run directory name"""
@@ -93,11 +89,563 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available"""
     compile: bool = False
-    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: the eager code is the one to read)"""
+    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: the eager code
+    runs)"""
     cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead"); needs CUDA, implies --compile"""
     bf16: bool = False
-    """the agent's trunk and RND's networks in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    """the agent's trunk and RND's networks in bfloat16 autocast; weights, heads and losses stay float32"""
+    # then RunFlags (below): evaluation, checkpoint, video and progress flags; sizes computed by check_args
+
+
+# Networks: the reference's (openai/random-network-distillation), with its gains; Huang et al. 2022, detail 2:
+# orthogonal weights, zero biases
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The reference's CnnPolicy (cnn_policy_param_matched.py, extrahid): three convolutions (the third 4x4;
+    CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and both value
+    heads; orthogonal gains sqrt(2), 0.1 in the residual layers, 0.01 on the heads. --rnn: a recurrent layer
+    before those."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn="none", rnn_size=128, bf16=False):
+        super().__init__()
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # --bf16: the trunk in bfloat16 autocast
+        self.trunk = nn.Sequential(
+            layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 4, stride=1)), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        with torch.no_grad():
+            n_flat = self.trunk(torch.zeros(1, *obs_space.shape)).shape[1]
+        self.trunk.extend([layer_init(nn.Linear(n_flat, 256)), nn.ReLU()])
+        self.trunk.extend([layer_init(nn.Linear(256, 448)), nn.ReLU()])
+        n_head = 448 if rnn == "none" else rnn_size
+        self.extra_policy = layer_init(nn.Linear(n_head, n_head), std=0.1)
+        self.extra_value = layer_init(nn.Linear(n_head, n_head), std=0.1)
+        self.actor = layer_init(nn.Linear(n_head, int(action_space.n)), std=0.01)
+        self.critic_ext = layer_init(nn.Linear(n_head, 1), std=0.01)
+        self.critic_int = layer_init(nn.Linear(n_head, 1), std=0.01)
+        self.memory = recurrent_layer(rnn, 448, rnn_size)  # last: a feed-forward agent draws the same weights
+        # channels-last convolutions: 25-30% faster on a CPU (oneDNN, measured on one core); suit tensor cores
+        self.to(memory_format=torch.channels_last)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        # frames stay uint8 in storage and become float (--bf16: bfloat16, the trunk autocast) only here
+        device_type = "cuda" if x.is_cuda else "cpu"  # autocast's
+        with torch.autocast(device_type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            return self.trunk(x.contiguous(memory_format=torch.channels_last).to(self.dtype) / 255.0).float()
+
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
+        """The memory's state before an episode's first observation (zeros); None without memory."""
+        return None if self.memory is None else zero_state(self.memory, num_envs, device)
+
+    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """The features the heads see, and the memory's state after them (None without memory)."""
+        if self.memory is None:
+            return self.encode(x), None
+        return memory_features(self.memory, self.encode, x, state, starts, spans)
+
+    def forward(self, x: torch.Tensor, state=None, starts=None, spans=None):
+        """Policy logits, extrinsic value, intrinsic value, and the memory's state after x (see hidden)."""
+        h, state = self.hidden(x, state, starts, spans)
+        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
+        logits = self.actor(policy_h)
+        return logits, self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1), state
+
+    def act(self, x: torch.Tensor, deterministic: bool = False, state=None, starts=None):
+        """Action, its log-probability, both values and the memory's state, for one step of all envs."""
+        logits, ext_value, int_value, state = self(x, state, starts)
+        # validate_args=False: argument checks cost a host sync per call on CUDA
+        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+        action = logits.argmax(-1) if deterministic else dist.sample()
+        return action, dist.log_prob(action), ext_value, int_value, state
+
+
+def rnd_network(predictor: bool) -> nn.Sequential:
+    """The reference's target and predictor (define_self_prediction_rew) on one normalised frame: leaky-ReLU
+    convolutions (TensorFlow's slope 0.2), then 512 linear (target) or 512-512-512 with ReLUs; gains
+    sqrt(2)."""
+    layers = [
+        layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.LeakyReLU(0.2),
+        layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.LeakyReLU(0.2),
+        layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.LeakyReLU(0.2),
+        nn.Flatten(),
+    ]  # fmt: skip
+    if predictor:
+        layers += [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
+        return nn.Sequential(*layers, layer_init(nn.Linear(512, 512)))
+    return nn.Sequential(*layers, layer_init(nn.Linear(3136, 512)))
+
+
+class RNDModel(nn.Module):
+    """A fixed random target network and the predictor trained to match it; the prediction error is the
+    novelty."""
+
+    def __init__(self, bf16: bool = False):
+        super().__init__()
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # --bf16: both networks in bfloat16 autocast
+        self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
+        self.target.requires_grad_(False)
+        self.to(memory_format=torch.channels_last)  # as the Agent's
+
+    def error(self, x: torch.Tensor) -> torch.Tensor:
+        """Squared prediction error per observation, averaged over the 512 features (the reference's
+        int_rew)."""
+        x = x.contiguous(memory_format=torch.channels_last)
+        device_type = "cuda" if x.is_cuda else "cpu"  # autocast's
+        with torch.autocast(device_type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+            predicted, target = self.predictor(x).float(), self.target(x).float()  # the error in float32
+        return ((predicted - target) ** 2).mean(-1)
+
+
+# The memory (--rnn): one recurrent layer, run over whole sequences, its state zeroed where an episode starts
+def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
+    """--rnn's nn.LSTM or nn.GRU (None: "none"), as CleanRL's ppo_atari_lstm.py: orthogonal, biases 0."""
+    if rnn == "none":
+        return None
+    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
+    for name, param in layer.named_parameters():
+        nn.init.constant_(param, 0.0) if name.startswith("bias") else nn.init.orthogonal_(param, 1.0)
+    return layer
+
+
+def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
+    """The state before an episode: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size) a GRU's."""
+    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
+
+
+def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
+    """Agent.hidden with memory: x a step (B, ...) or sequences (T, B, ...) from `state`; features, state."""
+    one_step = starts is None or starts.dim() == 1
+    x = x.unsqueeze(0) if one_step else x
+    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+    state = zero_state(memory, x.shape[1], x.device) if state is None else state
+    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+    return h.flatten(0, 1), state
+
+
+def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list):
+    """(T, B, F) features from `state`, zeroed where `starts` is 1 (an episode's first); a call per span."""
+    outputs = []
+    for a, b in zip(spans[:-1], spans[1:], strict=False):
+        state = state * (1.0 - starts[a]).view(1, -1, 1)
+        if isinstance(memory, nn.LSTM):
+            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
+            state = torch.cat([h, c])
+        else:
+            out, state = memory(x[a:b], state.contiguous())
+        outputs.append(out)
+    return torch.cat(outputs), state
+
+
+def memory_spans(starts: np.ndarray) -> list[int]:
+    """run_memory's spans for (T, N) episode starts: 0 < ... < T, one beginning wherever an episode starts."""
+    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
+
+
+# Running statistics, on the device: the observations' per pixel (RND's input) and the intrinsic return's
+def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
+    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
+    delta = batch_mean - mean
+    total = count + batch_count
+    new_mean = mean + delta * batch_count / total
+    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
+    return new_mean, m2 / total, total
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of
+    every process's rows, in process order: every process keeps the same statistics, those of one process with
+    all the envs."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
+        self.world_size = world_size
+
+    def update(self, x: torch.Tensor) -> None:
+        x = gather_rows(x.double(), self.world_size)
+        self.mean, self.var, self.count = update_mean_var_count(
+            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        )
+
+    def state_dict(self) -> dict:
+        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
+
+
+def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 64, world_size: int = 1):
+    """Merge the per-pixel moments of uint8 frames (n, 1, 84, 84) into rms: sums of pixels and of their
+    squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; in the cache), added up
+    in float64."""
+    flat = frames.flatten(1)
+    total = torch.zeros(flat.shape[1], dtype=torch.float64, device=frames.device)
+    squares = torch.zeros_like(total)
+    for part in flat.split(chunk):
+        x = part.float()
+        total += x.sum(0)
+        squares += (x * x).sum(0)
+    n = frames.shape[0]
+    if world_size > 1:  # under torchrun, every process's frames (as many in each): their sums added up
+        sums = torch.stack([total, squares])
+        dist.all_reduce(sums)
+        (total, squares), n = sums, n * world_size
+    mean = total / n
+    var = (squares / n - mean**2).clamp(min=0.0)
+    mean, var = mean.reshape(frames.shape[1:]), var.reshape(frames.shape[1:])
+    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, mean, var, n)
+
+
+def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, num_actions: int, args: Args):
+    """The observation statistics from random actions (the reference's collect_random_statistics,
+    run_atari.py): rollouts of every env into `frames`, the statistics updated after each; yields their count
+    (progress lines)."""
+    num_steps, num_envs = frames.shape[:2]
+    for i in range(args.num_iterations_obs_norm_init):
+        for step in range(num_steps):
+            next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
+            frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
+        update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
+        yield i + 1
+
+
+# The maths of RND: the intrinsic reward and its normalisation, both advantage streams, the losses
+def normalize_frames(frames: torch.Tensor, rms: RunningMeanStd, clip: float = 5.0) -> torch.Tensor:
+    """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std; no
+    epsilon: the variance starts at 1, with a count of 1e-4, so it stays positive where a pixel never
+    changes)."""
+    return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
+
+
+def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, chunk: int) -> torch.Tensor:
+    """The intrinsic reward of each step of a rollout: the novelty of the frame it reached, (T, N, 1, 84,
+    84)."""
+    flat = frames.flatten(0, 1)
+    errors = torch.empty(flat.shape[0], device=flat.device)
+    with torch.no_grad():
+        for i in range(0, flat.shape[0], chunk):
+            errors[i : i + chunk] = rnd.error(normalize_frames(flat[i : i + chunk], rms))
+    return errors.reshape(frames.shape[:2])
+
+
+def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
+    """The reference's RewardForwardFilter over a (T, N) rollout: rewems = gamma * rewems + r per env, across
+    episode ends (non-episodic), not on a reset step (valid 0). Returns the value at every step, and the
+    last."""
+    filtered = torch.empty_like(rewards)
+    for t in range(rewards.shape[0]):
+        rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
+        filtered[t] = rewems
+    return filtered, rewems
+
+
+def normalize_intrinsic(rewards, rewems, valid, rms: RunningMeanStd, gamma: float, world_size: int = 1):
+    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4;
+    ppo_agent.py), updated first with the rollout's filtered values (not the reset steps'). Returns rewards,
+    rewems."""
+    filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
+    if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs)
+        filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
+    kept = filtered[valid.bool()]
+    if kept.numel():
+        rms.update(kept)
+    return (rewards / rms.var.sqrt()).float(), rewems
+
+
+def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
+    """Generalised advantage estimation (Schulman et al. 2016) over a (T, N) rollout; values[t + 1] is the
+    final observation's (next-step autoreset): a truncation bootstraps from it, a termination does not."""
+    num_steps = rewards.shape[0]
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
+        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def intrinsic_gae(rewards, values, next_value, valid, gamma: float, gae_lambda: float):
+    """GAE of the non-episodic intrinsic return (the reference's use_news=0), across episode ends. A reset
+    step (valid 0) is skipped, as the reference has none, and gets advantage 0 (docs/rnd_ppo.md, detail 7)."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam, nextvalues = torch.zeros_like(next_value), next_value
+    for t in reversed(range(num_steps)):
+        gae = rewards[t] + gamma * nextvalues - values[t] + gamma * gae_lambda * lastgaelam
+        keep = valid[t].bool()
+        lastgaelam, nextvalues = torch.where(keep, gae, lastgaelam), torch.where(keep, values[t], nextvalues)
+        advantages[t] = gae * valid[t]
+    return advantages, advantages + values
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay
+    0."""
+    mean = masked_mean(advantages, mask)
+    var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
+    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
+
+
+def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
+    """Linear decay from learning_rate at iteration 1 to 0 after the last (Huang et al. 2022, detail 4)."""
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations) if anneal else learning_rate
+
+
+def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, ext_returns, int_returns, mask, count, args):
+    """Clipped surrogate - entropy bonus + both value losses (unclipped, as the reference's), means over the
+    `count` valid entries of the whole minibatch (the chunks' losses add up). Returns the loss and, detached,
+    the means of its terms (policy, ext value, int value, entropy), approx KL and clip fraction."""
+    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
+    logratio = dist.log_prob(actions) - oldlogprob
+    ratio = logratio.exp()
+    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef))
+    v_ext, v_int = 0.5 * (ext_value - ext_returns) ** 2, 0.5 * (int_value - int_returns) ** 2
+    entropy = dist.entropy()
+    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
+        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > args.clip_coef).float()
+    sums = (torch.stack([pg, v_ext, v_int, entropy, approx_kl, clipped]) * mask).sum(1) / count
+    pg_loss, ext_v_loss, int_v_loss, entropy_loss = sums[:4]
+    return pg_loss - args.ent_coef * entropy_loss + args.vf_coef * (ext_v_loss + int_v_loss), sums.detach()
+
+
+def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over
+    count."""
+    return (errors * mask).sum() / count
+
+
+# The update: minibatches in chunks whose gradients add up, one optimiser step for PPO and the predictor
+def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
+    """The acting step, a chunk of PPO's and of the predictor's loss (forward, loss, backward: the chunks'
+    gradients add up) and the optimiser step; eager as written here, or traced by torch.compile
+    (--compile)."""
+
+    def ppo_chunk(mb: dict, advantages, valid, count, memory: tuple = ()):
+        # with memory (state, starts, spans), obs come as T * envs steps, time first: replayed as sequences
+        obs = mb["obs"].unflatten(0, (args.num_steps, -1)) if memory else mb["obs"]
+        logits, ext_value, int_value, _ = agent(obs, *memory)
+        loss, sums = rnd_ppo_loss(
+            logits, mb["actions"], mb["logprobs"], advantages, ext_value, int_value, mb["ext_returns"],
+            mb["int_returns"], valid, count, args,
+        )  # fmt: skip
+        loss.backward()
+        return sums
+
+    def predictor_chunk(x, valid, count):
+        loss = predictor_loss(rnd.error(x), valid, count)
+        loss.backward()
+        return loss.detach()
+
+    def step():
+        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
+            average_gradients(params, args.world_size)
+        if args.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=not args.compile)
+
+    steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
+    return compile_training_steps(steps, params, args) if args.compile else steps
+
+
+def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_size: int | None = None):
+    """An epoch's minibatches: (batch indices, chunks, the indices the predictor trains on), a chunk as
+    (indices, positions in the minibatch, memory). Without memory: random steps, the predictor on the first
+    update_proportion (a random subset; the reference draws each entry with that probability). With memory
+    (the rollout's first state, episode starts, run_memory's spans): random groups of whole envs, time first,
+    in chunks of whole envs."""
+    batch_size = batch_size or args.batch_size  # this process's share of the batch (under torchrun)
+    minibatch_size = batch_size // args.num_minibatches
+    num_predicted = max(1, round(args.update_proportion * minibatch_size))
+    if memory is None:
+        for mb in torch.randperm(batch_size, device=device).split(minibatch_size):
+            offsets = range(0, len(mb), args.chunk_size)
+            chunks = [(mb[i : i + args.chunk_size], slice(i, i + args.chunk_size), ()) for i in offsets]
+            yield mb, chunks, mb[:num_predicted]
+        return
+    state, starts, spans = memory
+    T, N = starts.shape
+    steps = torch.arange(T, device=device)[:, None]
+    size = max(1, args.chunk_size // T)  # envs per chunk
+    for group in torch.randperm(N, device=device).split(N // args.num_minibatches):
+        mb = (steps * N + group).flatten()  # step t of env e is entry t * N + e of the flattened rollout
+        chunks = []
+        for j in range(0, len(group), size):
+            envs = group[j : j + size]
+            rows = (steps * len(group) + torch.arange(j, j + len(envs), device=device)).flatten()
+            chunks.append((mb[rows], rows, (state[:, envs], starts[:, envs], spans)))
+        yield mb, chunks, mb[torch.randperm(len(mb), device=device)[:num_predicted]]
+
+
+def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args, memory=None):
+    """Epochs of minibatches, each in chunks whose gradients add up: PPO's loss on all of it, the predictor's
+    on its chosen frames, one optimiser step for both. Returns each loss term's mean over the minibatches, by
+    name."""
+    names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac")
+    device = batch["valid"].device
+    ppo_sums = torch.zeros(len(names), device=device)
+    rnd_loss = torch.zeros((), device=device)
+    for _epoch in range(args.update_epochs):
+        for mb, chunks, chosen in minibatches(args, device, memory, len(batch["valid"])):
+            valid = batch["valid"][mb]
+            count = valid.sum().clamp(min=1.0)
+            advantages = batch["advantages"][mb]
+            if args.norm_adv:
+                advantages = standardize(advantages, valid)
+            for c, rows, seq in chunks:
+                chunk = {k: batch[k][c] for k in ("obs", "actions", "logprobs", "ext_returns", "int_returns")}
+                ppo_sums += steps["ppo_chunk"](chunk, advantages[rows], valid[rows], count, seq)
+            predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
+            for c in chosen.split(args.chunk_size):
+                x = normalize_frames(batch["frames"][c], obs_rms)
+                rnd_loss += steps["predictor_chunk"](x, batch["valid"][c], predicted_count)
+            steps["step"]()
+    num_updates = args.update_epochs * args.num_minibatches
+    return dict(zip(names, ppo_sums / num_updates, strict=True), rnd_loss=rnd_loss / num_updates)
+
+
+# The training loop
+def main(args: Args) -> None:
+    # --- set-up: checks, processes, device, run directory, writer, stop requests and this process's envs ---
+    run = start_run(args)  # under torchrun, one process per share of the envs; only process 0 writes
+    device = run.device
+    T, N = args.num_steps, args.num_envs // args.world_size  # this process's envs
+    agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(device)
+    rnd = RNDModel(args.bf16).to(device)
+    params = list(agent.parameters()) + list(rnd.predictor.parameters())
+    # one fused Adam for all (the eps of the reference's TF Adam); compiled: foreach, and a rate tensor
+    lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
+    optimizer = torch.optim.Adam(params, lr=lr0, fused=not args.compile)
+    steps = training_steps(agent, rnd, optimizer, params, args)
+    obs_rms = RunningMeanStd((1,) + run.obs_space.shape[1:], device)  # per pixel of one frame
+    reward_rms = RunningMeanStd((), device)  # of the intrinsic return
+    nets = dict(model=agent, rnd=rnd, optimizer=optimizer, obs_rms=obs_rms, reward_rms=reward_rms)  # saved
+    if args.world_size > 1:  # the same initial weights everywhere; each process samples its own actions
+        torch.manual_seed(args.seed + run.rank)
+
+    # rollout storage on the device: uint8 frame stacks, and each next observation's newest frame (RND's)
+    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=torch.uint8, device=device)
+    frames = torch.zeros((T, N, 1) + run.obs_space.shape[1:], dtype=torch.uint8, device=device)
+    actions = torch.zeros((T, N), dtype=torch.long, device=device)
+    logprobs, ext_values, int_values = (torch.zeros((T, N), device=device) for _ in range(3))
+    step_rows = torch.zeros((4, T, N), device=device)  # a step's four rows, filled on the host, then one copy
+    rewards, terminations, dones, valid = step_rows  # its rows, by name
+    run.envs.reset()
+    # a resumed run's state from its checkpoint; a new run's observation statistics from random steps
+    statistics = init_obs_stats(run.envs, obs_rms, frames, int(run.action_space.n), args)
+    rewems, global_step, start_iteration = restore_run(args, run, nets, statistics)  # a new run: zeros, 0, 1
+    next_obs = torch.as_tensor(run.envs.reset()[0], device=device)  # whole games from here on
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
+    # memory (None without): the state, zeroed where an episode starts (run_memory), and the rollout's starts
+    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    starts = None if state is None else torch.zeros((T, N), device=device)
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
+        group = optimizer.param_groups[0]
+        group["lr"] = group["lr"].fill_(lr) if args.compile else lr  # compiled: the rate tensor, in place
+
+        # --- rollout ---
+        rollout_state = state  # with memory, where the update replays from
+        finished = []  # (step, returns, lengths) of the episodes that end, for the log
+        for step in range(T):
+            global_step += args.num_envs  # every process's envs
+            obs[step] = next_obs
+            with torch.no_grad():
+                actions[step], logprobs[step], ext_values[step], int_values[step], state = steps["act"](
+                    next_obs, False, state, next_start
+                )
+            stepped = run.envs.step(actions[step].cpu().numpy())
+            next_obs_np, reward, term, trunc, info = finite_step(stepped, global_step)  # NaN or inf: stops
+            done = term | trunc
+            # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
+            trained = np.sign(reward) if args.reward_clip else reward
+            step_rows[:, step] = torch.as_tensor(np.float32([trained, term, done, next_valid]))  # one copy
+            if state is not None:
+                # an episode starts at the step after the reset step, where the memory is zeroed: the reset
+                # step acts on the episode's last observation, whose value (a truncation's bootstrap) needs it
+                starts[step], next_start = next_start, 1.0 - valid[step]
+            next_obs = torch.as_tensor(next_obs_np, device=device)
+            frames[step] = next_obs[:, -1:]
+            # the logged episode: the whole game or the cap, scored raw; its length without the reset step
+            episode_end = info["terminated"].astype(bool) | trunc
+            ep_return = ep_return + info["reward"]
+            ep_length = ep_length + next_valid
+            finished.append((global_step, ep_return[episode_end], ep_length[episode_end]))
+            ep_return, ep_length = np.where(episode_end, 0.0, ep_return), np.where(episode_end, 0, ep_length)
+            run.rooms.step(info, episode_end, global_step)  # the games with rooms: logged, not learned from
+            next_valid = ~done
+
+        # --- intrinsic rewards (from the statistics before this rollout, as the reference's), advantages ---
+        with torch.no_grad():
+            int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
+            int_rewards, rewems = normalize_intrinsic(
+                int_rewards, rewems, valid, reward_rms, args.int_gamma, args.world_size
+            )  # fmt: skip
+            update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
+            _, next_ext_value, next_int_value, _ = agent(next_obs, state, next_start)
+            ext_advantages, ext_returns = compute_gae(
+                rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
+            )
+            int_advantages, int_returns = intrinsic_gae(
+                int_rewards, int_values, next_int_value, valid, args.int_gamma, args.gae_lambda
+            )
+        batch = dict(
+            obs=obs.flatten(0, 1), frames=frames.flatten(0, 1), actions=actions.flatten(),
+            logprobs=logprobs.flatten(), valid=valid.flatten(),
+            advantages=(args.ext_coef * ext_advantages + args.int_coef * int_advantages).flatten(),
+            ext_returns=ext_returns.flatten(), int_returns=int_returns.flatten(),
+        )  # fmt: skip
+
+        # --- update: PPO and the predictor ---
+        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
+
+        # --- logging (process 0: every process's episodes, one host sync), evaluation, checkpoint, stop ---
+        stats["intrinsic_reward"] = masked_mean(int_rewards, valid)
+        explained = dict(ext=(ext_values, ext_returns), int=(int_values, int_returns))  # values, returns
+        end_iteration(run, args, nets, finished, stats, explained, valid, lr, rewems, global_step, iteration)
+
+    # --- end: the final model (process 0), both networks and every statistic, saved, reloaded, evaluated ---
+    end_run(args, run, nets, rewems, global_step)
+
+
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
+# ---------------------------------------------------------------------------------------------------------------
+# This file's machinery: run flags, presets, envs, rooms, torchrun helpers, evaluation, logs, checks, start, end
+# ---------------------------------------------------------------------------------------------------------------
+import difflib
+import os
+import signal
+import sys
+import time
+import traceback
+import types
+
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class RunFlags:
+    """This file's run flags (evaluation, checkpoints, video, progress lines) and the values check_args computes, which
+    Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the algorithm."""
+
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
     save_model: bool = False
@@ -126,445 +674,13 @@ class Args:
     """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Networks
-# ---------------------------------------------------------------------------------------------------------------
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
+Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
 
-
-class Agent(nn.Module):
-    """The reference's CnnPolicy (policies/cnn_policy_param_matched.py, 'normal' size, extrahid): three convolutions
-    (the third 4x4; CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and both value
-    heads. Orthogonal init as the reference's: sqrt(2) in the trunk, 0.1 in the residual layers, 0.01 on the heads. A
-    recurrent layer (--rnn) sits between the trunk and the residual layers (docs/rnd_ppo.md, Memory)."""
-
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128, bf16=False):
-        super().__init__()
-        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunk's input; --bf16: it runs in bfloat16 autocast
-        self.trunk = nn.Sequential(
-            layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 4, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            n_flat = self.trunk(torch.zeros(1, *obs_space.shape)).shape[1]
-        self.trunk.extend([layer_init(nn.Linear(n_flat, 256)), nn.ReLU(), layer_init(nn.Linear(256, 448)), nn.ReLU()])
-        n_head = 448 if rnn == "none" else rnn_size
-        self.extra_policy = layer_init(nn.Linear(n_head, n_head), std=0.1)
-        self.extra_value = layer_init(nn.Linear(n_head, n_head), std=0.1)
-        self.actor = layer_init(nn.Linear(n_head, int(action_space.n)), std=0.01)
-        self.critic_ext = layer_init(nn.Linear(n_head, 1), std=0.01)
-        self.critic_int = layer_init(nn.Linear(n_head, 1), std=0.01)
-        self.memory = recurrent_layer(rnn, 448, rnn_size)  # last: a feed-forward agent draws the same weights
-        # channels-last convolutions: 25-30% faster on a CPU (oneDNN; measured on one core), and suit tensor cores
-        self.to(memory_format=torch.channels_last)
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float (--bf16: bfloat16, the trunk autocast) only here; features float32
-        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            return self.trunk(x.contiguous(memory_format=torch.channels_last).to(self.dtype) / 255.0).float()
-
-    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory's state before an episode's first observation (zeros); None without memory."""
-        return None if self.memory is None else zero_state(self.memory, num_envs, device)
-
-    def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them (None without memory; see memory_features)."""
-        if self.memory is None:
-            return self.encode(x), None
-        return memory_features(self.memory, self.encode, x, state, starts, spans)
-
-    def forward(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """Policy logits, extrinsic value, intrinsic value, and the memory's state after x (None without memory; see
-        hidden)."""
-        h, state = self.hidden(x, state, starts, spans)
-        policy_h, value_h = h + F.relu(self.extra_policy(h)), h + F.relu(self.extra_value(h))
-        return self.actor(policy_h), self.critic_ext(value_h).squeeze(-1), self.critic_int(value_h).squeeze(-1), state
-
-    def act(self, x: torch.Tensor, deterministic: bool = False, state=None, starts=None):
-        """Action, its log-probability, both values and the memory's state, for one step of all envs."""
-        logits, ext_value, int_value, state = self(x, state, starts)
-        # validate_args=False: argument checks cost a host sync per call on CUDA
-        dist = torch.distributions.Categorical(logits=logits, validate_args=False)
-        action = logits.argmax(-1) if deterministic else dist.sample()
-        return action, dist.log_prob(action), ext_value, int_value, state
-
-
-def rnd_network(predictor: bool) -> nn.Sequential:
-    """The reference's target and predictor (define_self_prediction_rew): three leaky-ReLU convolutions (32, 64, 64 channels;
-    TensorFlow's leaky slope 0.2) on one normalised 84x84 frame, then a 512 linear layer (target) or 512-512-512 with
-    ReLUs (predictor). Orthogonal init with gain sqrt(2) throughout, as the reference's."""
-    layers = [
-        layer_init(nn.Conv2d(1, 32, 8, stride=4)),
-        nn.LeakyReLU(0.2),
-        layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-        nn.LeakyReLU(0.2),
-        layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-        nn.LeakyReLU(0.2),
-        nn.Flatten(),
-    ]
-    if predictor:
-        layers += [layer_init(nn.Linear(3136, 512)), nn.ReLU(), layer_init(nn.Linear(512, 512)), nn.ReLU()]
-        return nn.Sequential(*layers, layer_init(nn.Linear(512, 512)))
-    return nn.Sequential(*layers, layer_init(nn.Linear(3136, 512)))
-
-
-class RNDModel(nn.Module):
-    """A fixed random target network and the predictor trained to match it; the prediction error is the novelty."""
-
-    def __init__(self, bf16: bool = False):
-        super().__init__()
-        self.dtype = torch.bfloat16 if bf16 else torch.float32  # --bf16: both networks run in bfloat16 autocast
-        self.target, self.predictor = rnd_network(predictor=False), rnd_network(predictor=True)
-        self.target.requires_grad_(False)
-        self.to(memory_format=torch.channels_last)  # as the Agent's
-
-    def error(self, x: torch.Tensor) -> torch.Tensor:
-        """Squared prediction error per observation, averaged over the 512 features (the reference's int_rew)."""
-        x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
-            predicted, target = self.predictor(x).float(), self.target(x).float()  # the error in float32
-        return ((predicted - target) ** 2).mean(-1)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The maths: the intrinsic reward and its normalisation, both advantage streams, the losses
-# ---------------------------------------------------------------------------------------------------------------
-def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
-    """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
-    delta = batch_mean - mean
-    total = count + batch_count
-    new_mean = mean + delta * batch_count / total
-    m2 = var * count + batch_var * batch_count + delta**2 * count * batch_count / total
-    return new_mean, m2 / total, total
-
-
-def update_frame_stats(rms: "RunningMeanStd", frames: torch.Tensor, chunk: int = 64, world_size: int = 1) -> None:
-    """Merge the per-pixel mean and variance of uint8 frames (n, 1, 84, 84) into rms, without a Python object per frame:
-    sums of pixels and of their squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; small
-    chunks stay in the cache: 0.1 s for 16,384 frames on one core), added up in float64."""
-    flat = frames.flatten(1)
-    total = torch.zeros(flat.shape[1], dtype=torch.float64, device=frames.device)
-    squares = torch.zeros_like(total)
-    for part in flat.split(chunk):
-        x = part.float()
-        total += x.sum(0)
-        squares += (x * x).sum(0)
-    n = frames.shape[0]
-    if world_size > 1:  # under torchrun, every process's frames (as many in each): their sums added over the processes
-        sums = torch.stack([total, squares])
-        dist.all_reduce(sums)
-        (total, squares), n = sums, n * world_size
-    mean = total / n
-    var = (squares / n - mean**2).clamp(min=0.0)
-    mean, var = mean.reshape(frames.shape[1:]), var.reshape(frames.shape[1:])
-    rms.mean, rms.var, rms.count = update_mean_var_count(rms.mean, rms.var, rms.count, mean, var, n)
-
-
-def normalize_frames(frames: torch.Tensor, rms: "RunningMeanStd", clip: float = 5.0) -> torch.Tensor:
-    """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std, no epsilon: the
-    variance starts at 1 with a count of 1e-4, so it stays positive even where a pixel never changes)."""
-    return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
-
-
-def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: "RunningMeanStd", chunk: int) -> torch.Tensor:
-    """The intrinsic reward of every step of a rollout: the novelty of the frame the step reached, (T, N, 1, 84, 84)."""
-    flat = frames.flatten(0, 1)
-    errors = torch.empty(flat.shape[0], device=flat.device)
-    with torch.no_grad():
-        for i in range(0, flat.shape[0], chunk):
-            errors[i : i + chunk] = rnd.error(normalize_frames(flat[i : i + chunk], rms))
-    return errors.reshape(frames.shape[:2])
-
-
-def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
-    """The reference's RewardForwardFilter over a (T, N) rollout: per env, rewems = gamma * rewems + r, running on across
-    episode ends (the intrinsic return is non-episodic); a reset step (valid 0) is no transition and leaves it as it is.
-    Returns the filtered value at every step and the last one, for the next rollout."""
-    filtered = torch.empty_like(rewards)
-    for t in range(rewards.shape[0]):
-        rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
-        filtered[t] = rewems
-    return filtered, rewems
-
-
-def normalize_intrinsic(rewards, rewems, valid, rms: "RunningMeanStd", gamma: float, world_size: int = 1):
-    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py):
-    the rollout's filtered values (reset steps left out) update the running variance first, as the reference's does, then
-    the whole rollout is divided by its square root. Returns (normalised rewards, rewems for the next rollout)."""
-    filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
-    if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs) would be
-        filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
-    kept = filtered[valid.bool()]
-    if kept.numel():
-        rms.update(kept)
-    return (rewards / rms.var.sqrt()).float(), rewems
-
-
-def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
-    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
-    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
-    num_steps = rewards.shape[0]
-    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        nextvalues = next_value if t == num_steps - 1 else values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * (1.0 - terminations[t]) - values[t]
-        lastgaelam = (delta + gamma * gae_lambda * (1.0 - dones[t]) * lastgaelam) * valid[t]
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
-
-
-def intrinsic_gae(rewards, values, next_value, valid, gamma: float, gae_lambda: float):
-    """GAE of the non-episodic intrinsic return (the reference's use_news=0): it runs on across episode ends. A reset
-    step (valid = 0) is no transition: it is skipped, so the done step is followed by the next episode's first frame, as
-    in the reference, and it gets advantage 0 (masked out of every loss). docs/rnd_ppo.md, detail 7, has the rest."""
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam, nextvalues = torch.zeros_like(next_value), next_value
-    for t in reversed(range(num_steps)):
-        gae = rewards[t] + gamma * nextvalues - values[t] + gamma * gae_lambda * lastgaelam
-        keep = valid[t].bool()
-        lastgaelam, nextvalues = torch.where(keep, gae, lastgaelam), torch.where(keep, values[t], nextvalues)
-        advantages[t] = gae * valid[t]
-    return advantages, advantages + values
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay 0."""
-    mean = masked_mean(advantages, mask)
-    var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
-    return (advantages - mean) / (var.sqrt() + 1e-8) * mask
-
-
-def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, ext_returns, int_returns, mask, count, args):
-    """Clipped surrogate on the combined advantage - entropy bonus + both value losses (unclipped, as the reference's)
-    over a chunk's valid entries, each a mean over the `count` valid entries of the whole minibatch, so the chunks' losses
-    add up. Returns the loss and, detached, (policy loss, ext value loss, int value loss, entropy, approx KL, clipfrac)."""
-    dist = torch.distributions.Categorical(logits=logits, validate_args=False)
-    logratio = dist.log_prob(actions) - oldlogprob
-    ratio = logratio.exp()
-    pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef))
-    v_ext, v_int = 0.5 * (ext_value - ext_returns) ** 2, 0.5 * (int_value - int_returns) ** 2
-    entropy = dist.entropy()
-    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
-        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > args.clip_coef).float()
-    sums = (torch.stack([pg, v_ext, v_int, entropy, approx_kl, clipped]) * mask).sum(1) / count
-    return sums[0] - args.ent_coef * sums[3] + args.vf_coef * (sums[1] + sums[2]), sums.detach()
-
-
-def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over `count`."""
-    return (errors * mask).sum() / count
-
-
-def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
-    """The acting step, a chunk of a minibatch's PPO loss and of its predictor loss (forward, loss, backward: the chunks'
-    gradients add up) and the optimiser step; eager as written here, or traced once by torch.compile (--compile)."""
-
-    def ppo_chunk(obs, actions, logprobs, advantages, ext_returns, int_returns, valid, count, *memory):
-        # with memory (state, starts, spans), obs come as T * envs steps, time first: replayed as (T, envs) sequences
-        obs = obs.unflatten(0, (memory[1].shape[0], -1)) if memory else obs
-        logits, ext_value, int_value, _ = agent(obs, *memory)
-        loss, sums = rnd_ppo_loss(
-            logits, actions, logprobs, advantages, ext_value, int_value, ext_returns, int_returns, valid, count, args
-        )
-        loss.backward()
-        return sums
-
-    def predictor_chunk(x, valid, count):
-        loss = predictor_loss(rnd.error(x), valid, count)
-        loss.backward()
-        return loss.detach()
-
-    def step():
-        if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
-            average_gradients(params, args.world_size)
-        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
-
-    steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
-    return compile_training_steps(steps, params, args) if args.compile else steps
-
-
-def rnd_ppo_update(steps: dict, batch: dict, obs_rms: "RunningMeanStd", args: Args, memory: tuple | None = None):
-    """update_epochs epochs of minibatches (see minibatches); each minibatch in chunks whose gradients add up: the PPO
-    loss on all of it, the predictor's loss on its chosen frames, one optimiser step for both. Returns the mean per
-    minibatch of (policy loss, ext value loss, int value loss, entropy, approx KL, clip fraction, RND loss)."""
-    device, chunk = batch["valid"].device, args.chunk_size
-    stats, num_updates = torch.zeros(7, device=device), 0
-    for _epoch in range(args.update_epochs):
-        for mb, chunks, chosen in minibatches(args, device, memory, len(batch["valid"])):
-            valid = batch["valid"][mb]
-            count, advantages = valid.sum().clamp(min=1.0), batch["advantages"][mb]
-            if args.norm_adv:
-                advantages = standardize(advantages, valid)
-            for c, rows, seq in chunks:
-                stats[:6] += steps["ppo_chunk"](
-                    batch["obs"][c], batch["actions"][c], batch["logprobs"][c], advantages[rows],
-                    batch["ext_returns"][c], batch["int_returns"][c], valid[rows], count, *seq,
-                )  # fmt: skip
-            predicted_count = batch["valid"][chosen].sum().clamp(min=1.0)
-            for c in chosen.split(chunk):
-                x = normalize_frames(batch["frames"][c], obs_rms)
-                stats[6] += steps["predictor_chunk"](x, batch["valid"][c], predicted_count)
-            steps["step"]()
-            num_updates += 1
-    return stats / num_updates
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The update (PPO and the predictor, one optimiser step per minibatch) and the training loop
-# ---------------------------------------------------------------------------------------------------------------
-def main(args: Args) -> None:
-    # --- set-up: checks, processes, device, storage, checkpoint, run directory, writer, stop requests (start_run) ---
-    run = start_run(args)  # under torchrun, one process per share of the envs; only process 0 writes
-    rank, device, writer = run.rank, run.device, run.writer
-    T, N = args.num_steps, args.num_envs // args.world_size  # this process's envs
-    agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(device)
-    rnd = RNDModel(args.bf16).to(device)
-    params = list(agent.parameters()) + list(rnd.predictor.parameters())
-    # one fused Adam for all (the eps of the reference's TF Adam); compiled: foreach, and a tensor rate that anneals in place
-    lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
-    optimizer = torch.optim.Adam(params, lr=lr0, fused=not args.compile)
-    steps = training_steps(agent, rnd, optimizer, params, args)
-    obs_rms, reward_rms = RunningMeanStd((1,) + run.obs_space.shape[1:], device), RunningMeanStd((), device)
-    nets = agent, rnd, optimizer, obs_rms, reward_rms  # what a checkpoint holds, with the filter state and the RNG
-    if args.world_size > 1:  # the same initial weights everywhere; each process samples its own actions
-        torch.manual_seed(args.seed + rank)
-    rewems, rooms_seen, global_step, start_iteration = restore_run(args, run, nets)  # a new run: zeros, none, 0, 1
-
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
-    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.max_episode_steps, args.sticky_action_prob)
-    # rollout storage on the device: uint8 frame stacks, and the newest frame of each next observation (what RND sees)
-    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=torch.uint8, device=device)
-    frames = torch.zeros((T, N, 1) + run.obs_space.shape[1:], dtype=torch.uint8, device=device)
-    actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, ext_values, int_values = (torch.zeros((T, N), device=device) for _ in range(3))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
-
-    envs.reset()
-    if not run.ckpt and args.num_iterations_obs_norm_init > 0:  # a resumed run's statistics come from its checkpoint
-        init_obs_stats(envs, obs_rms, frames, int(run.action_space.n), args, rank, writer)
-    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # whole games from here on
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    # memory (None without): the state carried from step to step, zeroed where an episode starts (see run_memory),
-    # and the episode starts of the rollout; a resumed run's envs start new episodes, so it starts from zeros too
-    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
-    starts = None if state is None else torch.zeros((T, N), device=device)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    address, ep_rooms = room_address(args.env_id), np.zeros((N, 256), dtype=bool)
-    progress = run.progress = Progress(args, global_step, args.total_timesteps)
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
-        group = optimizer.param_groups[0]
-        group["lr"] = group["lr"].fill_(lr) if args.compile else lr  # compiled: the rate tensor, filled in place
-
-        # --- rollout ---
-        rollout_state, finished, finished_rooms = state, [], []  # with memory, where the update replays from
-        for step in range(T):
-            global_step += args.num_envs  # every process's envs
-            obs[step] = next_obs
-            with torch.no_grad():
-                actions[step], logprobs[step], ext_values[step], int_values[step], state = steps["act"](
-                    next_obs, False, state, next_start
-                )
-            next_obs_np, reward, term, trunc, info = finite_step(envs.step(actions[step].cpu().numpy()), global_step)
-            done = term | trunc
-            # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
-            trained = np.sign(reward) if args.reward_clip else reward
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = trained, term, done, next_valid
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            if state is not None:
-                # an episode starts at the step after the reset step, and the memory is zeroed there: the reset step
-                # acts on the last observation of the episode, whose value (a truncation's bootstrap) needs its memory
-                starts[step], next_start = next_start, 1.0 - valid[step]
-            next_obs = torch.as_tensor(next_obs_np, device=device)
-            frames[step] = next_obs[:, -1:]
-            episode_end, score = game_end_and_score(reward, term, trunc, info, True)
-            ep_return, ep_length, returns, lengths = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
-            finished.append((global_step, returns, lengths))
-            if address is not None:  # the games with rooms (ROOM_ADDRESS)
-                ep_rooms, rooms_seen, ended = update_rooms(ep_rooms, rooms_seen, info["ram"][:, address], episode_end)
-                finished_rooms += [(global_step, rooms) for rooms in ended]
-            next_valid = ~done
-
-        # --- intrinsic rewards (statistics before this rollout, as the reference), observation statistics, advantages ---
-        with torch.no_grad():
-            int_rewards = prediction_errors(rnd, frames, obs_rms, args.chunk_size)
-            int_rewards, rewems = normalize_intrinsic(int_rewards, rewems, valid, reward_rms, args.int_gamma, args.world_size)
-            update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
-            _, next_ext_value, next_int_value, _ = agent(next_obs, state, next_start)
-            ext_advantages, ext_returns = compute_gae(
-                rewards, ext_values, next_ext_value, terminations, dones, valid, args.gamma, args.gae_lambda
-            )
-            int_advantages, int_returns = intrinsic_gae(
-                int_rewards, int_values, next_int_value, valid, args.int_gamma, args.gae_lambda
-            )
-        batch = dict(
-            obs=obs.flatten(0, 1), frames=frames.flatten(0, 1), actions=actions.flatten(), logprobs=logprobs.flatten(),
-            advantages=(args.ext_coef * ext_advantages + args.int_coef * int_advantages).flatten(),
-            ext_returns=ext_returns.flatten(), int_returns=int_returns.flatten(), valid=valid.flatten(),
-        )  # fmt: skip
-
-        # --- update: PPO and the predictor ---
-        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
-        stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
-
-        # --- logging (process 0, with every process's episodes and rooms): one host sync per iteration ---
-        episodes = gather_episodes(finished, args.world_size)
-        rooms_seen, finished_rooms = gather_rooms(rooms_seen, finished_rooms, args.world_size)
-        if rank == 0:
-            explained = ext_values, ext_returns, int_values, int_returns
-            log_update(writer, run, episodes, stats, explained, masked_mean(int_rewards, valid), valid, lr, global_step)
-            extra = log_rooms(writer, finished_rooms, rooms_seen, global_step) if address is not None else ""
-            progress.log(writer, global_step, global_step, extra, force=iteration == args.num_iterations)
-
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(agent, args, device, video_path(args, run.run_dir, global_step)), global_step)
-        stopping = stop_everywhere(run.stop, args.world_size, device)  # the same on every process
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(run.run_dir, args, rank, device, nets, rewems, rooms_seen, global_step, iteration)
-        if stopping:
-            envs.close()
-            stop_processes_and_exit(run.stop, writer, args, run.run_dir, f"step {global_step:,}")
-
-    # --- end: the final model (process 0), both networks and every statistic, saved, reloaded from disk, evaluated ---
-    end_run(args, run, nets, envs, rewems, global_step)
-
-
-# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-# ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: presets, envs, statistics, memory and torchrun helpers, evaluation, checks, start and end
-# ---------------------------------------------------------------------------------------------------------------
-import difflib
-import os
-import signal
-import sys
-import time
-import traceback
-import types
-
-from torch.utils.tensorboard import SummaryWriter
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
 CHECKPOINT_FORMAT = 2
+
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
@@ -595,12 +711,6 @@ RANGES = dict(
     chunk_size="[0, inf)",
     rnn_size="[1, 16384]",
 )
-
-# The defaults above are the paper's and the reference's (openai/random-network-distillation), each with its source:
-# run_atari.py: lr 1e-4, 4 epochs, 4 minibatches, ent 0.001, clip 0.1, 128-step rollouts, no gradient clipping,
-# ext_coef 2, int_coef 1, gamma_int 0.99, lambda 0.95, the 128 x 50 random steps of the observation statistics;
-# its README's command: gamma_ext 0.999; the paper's Table 5: 128 parallel envs, update proportion 0.25 and 30K
-# rollouts per env. There is one setting, so no preset to choose.
 
 
 def preset_defaults(argv: list[str]) -> Args:
@@ -645,29 +755,6 @@ def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int, stic
     )  # fmt: skip
 
 
-def game_end_and_score(reward, term, trunc, info, is_atari: bool):
-    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
-    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
-    if is_atari:
-        return info["terminated"].astype(bool) | trunc, info["reward"]
-    return term | trunc, reward
-
-
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
-
-
 # Where the reference reads the room from the RAM (atari_wrappers.py, MontezumaInfoWrapper); other games get none
 ROOM_ADDRESS = {"MontezumaRevenge": 3, "Pitfall": 1}
 
@@ -692,6 +779,22 @@ def update_rooms(episode_rooms: np.ndarray, rooms_seen: np.ndarray, room: np.nda
     return episode_rooms, rooms_seen, finished
 
 
+class Rooms:
+    """The rooms of the games whose RAM shows them (ROOM_ADDRESS; other games log none): each env's current episode's,
+    the finished episodes' counts since the last log, and every room seen since the run started (`seen`, which a
+    checkpoint keeps)."""
+
+    def __init__(self, env_id: str, num_envs: int, seen: np.ndarray):
+        self.address, self.seen, self.finished = room_address(env_id), seen, []
+        self.episode_rooms = np.zeros((num_envs, 256), dtype=bool)
+
+    def step(self, info: dict, episode_end: np.ndarray, global_step: int) -> None:
+        if self.address is not None:
+            room = info["ram"][:, self.address]
+            self.episode_rooms, self.seen, ended = update_rooms(self.episode_rooms, self.seen, room, episode_end)
+            self.finished += [(global_step, rooms) for rooms in ended]
+
+
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
     process: its own rows, as they are."""
@@ -702,133 +805,11 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of every
-    process's rows, in process order: every process keeps the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
-        self.var = torch.ones(shape, dtype=torch.float64, device=device)
-        self.count = torch.tensor(1e-4, dtype=torch.float64, device=device)  # as gymnasium's wrappers
-        self.world_size = world_size
-
-    def update(self, x: torch.Tensor) -> None:
-        x = gather_rows(x.double(), self.world_size)
-        self.mean, self.var, self.count = update_mean_var_count(
-            self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        )
-
-    def state_dict(self) -> dict:
-        return dict(mean=self.mean.cpu(), var=self.var.cpu(), count=self.count.cpu())
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = (state[k].to(self.mean.device) for k in ("mean", "var", "count"))
-
-
-def init_obs_stats(envs, obs_rms, frames: torch.Tensor, num_actions: int, args: Args, rank: int, writer) -> None:
-    """The observation statistics from uniformly random actions before training (the reference's
-    collect_random_statistics, run_atari.py: 128 x 50 steps of every env, the statistics updated after each 128):
-    --num-iterations-obs-norm-init rollouts of frames.shape[0] steps, the last frame of each observation written into
-    `frames` (the rollout's (T, N, 1, 84, 84) uint8 storage, reused). The env steps take nearly all of the time (the
-    statistics about 0.1 s a rollout), so a line every --progress-interval seconds says how far it is, and one more when
-    it is done. Under torchrun each process steps its own envs, the statistics are those of every process's frames, and
-    process 0 alone speaks, and logs the seconds it took."""
-    start, last_print, (num_steps, num_envs) = time.time(), time.time(), frames.shape[:2]
-    iterations = args.num_iterations_obs_norm_init
-    for i in range(iterations):
-        for step in range(num_steps):
-            next_obs = envs.step(torch.randint(num_actions, (num_envs,)).numpy())[0]
-            frames[step] = torch.as_tensor(next_obs[:, -1:], device=frames.device)
-        update_frame_stats(obs_rms, frames.flatten(0, 1), world_size=args.world_size)
-        if rank == 0 and time.time() - last_print > args.progress_interval and i + 1 < iterations:
-            last_print, eta = time.time(), (time.time() - start) / (i + 1) * (iterations - i - 1)
-            print(f"observation statistics: random rollout {i + 1}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
-    seconds = time.time() - start
-    if rank == 0:
-        steps = iterations * num_steps * num_envs * args.world_size
-        print(f"observation statistics from {steps:,} random steps in {seconds:.1f} s")
-        writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
-
-
-def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
-    """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size)
-    for a GRU."""
-    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
-
-
-def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
-    """Agent.hidden with memory: x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from
-    `state` with the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when
-    given); returns the features, (T*B, size), and the memory's state after them."""
-    one_step = starts is None or starts.dim() == 1
-    x = x.unsqueeze(0) if one_step else x
-    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-    state = zero_state(memory, x.shape[1], x.device) if state is None else state
-    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-    # without spans, one call per step: right for any starts
-    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-    return h.flatten(0, 1), state
-
-
-def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
-    """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
-    ppo_atari_lstm.py initialises its LSTM."""
-    if rnn == "none":
-        return None
-    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
-    for name, param in layer.named_parameters():
-        if name.startswith("bias"):
-            nn.init.constant_(param, 0.0)
-        else:
-            nn.init.orthogonal_(param, 1.0)
-    return layer
-
-
-def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list[int]):
-    """The recurrent layer over (T, B, F) features from `state` (see Agent.initial_state). `starts` (T, B) is 1 at the
-    first observation of an episode: the state is zeroed just before that step, so no memory crosses from one episode
-    into the next. `spans` are the time indices 0 = s_0 < s_1 < ... = T such that no episode starts inside a span
-    except at its first step: each span is one call of the layer (cuDNN's or oneDNN's whole-sequence kernel) instead
-    of one call per step, which is where recurrent PPO spends its time. Returns (T, B, size) outputs and the state
-    after the last step."""
-    outputs = []
-    for a, b in zip(spans[:-1], spans[1:], strict=False):
-        state = state * (1.0 - starts[a]).view(1, -1, 1)
-        if isinstance(memory, nn.LSTM):
-            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
-            state = torch.cat([h, c])
-        else:
-            out, state = memory(x[a:b], state.contiguous())
-        outputs.append(out)
-    return torch.cat(outputs), state
-
-
-def memory_spans(starts: np.ndarray) -> list[int]:
-    """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
-    episode. Computed on the host once per rollout (one copy of the starts there, beside the iteration's logging sync),
-    and valid for any subset of the envs (a span boundary where none of them starts only splits a call)."""
-    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
-
-
-def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
-    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
-    if not anneal:
-        return learning_rate
-    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-
-
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     resid = returns - values
     var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
-
-
-def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
-    if max_grad_norm > 0:
-        nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=set_to_none)
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, torch.nan))
 
 
 def compile_training_steps(steps: dict, params: list, args: Args) -> dict:
@@ -840,35 +821,6 @@ def compile_training_steps(steps: dict, params: list, args: Args) -> dict:
         p.grad = torch.zeros_like(p)
     mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
     return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
-
-
-def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_size: int | None = None):
-    """The minibatches of one epoch, each as (its batch indices, its chunks, the indices of its frames the predictor
-    trains on), a chunk as (batch indices, positions in the minibatch, memory arguments). Without memory: random steps,
-    in chunks of chunk_size steps, the predictor on the first update_proportion (a random subset, since the minibatch
-    is a slice of a random permutation; the reference draws each entry with that probability). With memory (the
-    state every env started the rollout with, the episode starts, the spans of run_memory): random groups of whole
-    envs, time first, in chunks of whole envs (chunk_size steps' worth, at least one env) replayed from that state."""
-    batch_size = batch_size or args.batch_size  # this process's share of the batch (under torchrun)
-    minibatch_size = batch_size // args.num_minibatches
-    num_predicted = max(1, round(args.update_proportion * minibatch_size))
-    if memory is None:
-        for mb in torch.randperm(batch_size, device=device).split(minibatch_size):
-            chunks = [
-                (mb[i : i + args.chunk_size], slice(i, i + args.chunk_size), ()) for i in range(0, len(mb), args.chunk_size)
-            ]
-            yield mb, chunks, mb[:num_predicted]
-        return
-    state, starts, spans = memory
-    (T, N), time = starts.shape, torch.arange(starts.shape[0], device=device)[:, None]
-    for group in torch.randperm(N, device=device).split(N // args.num_minibatches):
-        mb = (time * N + group).flatten()  # step t of env e is entry t * N + e of the flattened rollout
-        size, chunks = max(1, args.chunk_size // T), []
-        for j in range(0, len(group), size):
-            envs = group[j : j + size]
-            rows = (time * len(group) + torch.arange(j, j + len(envs), device=device)).flatten()
-            chunks.append((mb[rows], rows, (state[:, envs], starts[:, envs], spans)))
-        yield mb, chunks, mb[torch.randperm(len(mb), device=device)[:num_predicted]]
 
 
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
@@ -895,23 +847,46 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
     return returns
 
 
-def log_update(writer, run, episodes: list, stats, explained: tuple, mean_int_reward, valid, lr: float, step: int):
-    """Every process's finished episodes at the steps they ended, then the update's loss terms, the explained variance
-    of both value heads (`explained`: ext values, ext returns, int values, int returns), the mean intrinsic reward and
-    the learning rate, in one host sync, with the weights' sum (a NaN or inf in it or a loss ends the run)."""
+def log_update(run, episodes: list, stats: dict, explained: dict, valid, lr: float, step: int) -> None:
+    """Every process's finished episodes at the steps they ended, then the update's loss terms and the mean intrinsic
+    reward (`stats`), the explained variance of both value heads (`explained`: values and returns) and the learning
+    rate, in one host sync, with the weights' sum (a NaN or inf in it or a loss ends the run)."""
     for step_at, fin_returns, fin_lengths in episodes:
-        run.progress.log_episodes(writer, fin_returns, fin_lengths, step_at)
-    names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac", "rnd_loss")
-    ext_values, ext_returns, int_values, int_returns = explained
-    *losses, mean_int_reward, total = torch.cat([
-        stats, explained_variance(ext_values, ext_returns, valid).reshape(1),
-        explained_variance(int_values, int_returns, valid).reshape(1), mean_int_reward.reshape(1), parameter_sum(*run.nets),
-    ]).tolist()  # fmt: skip
-    check_training({**dict(zip(names, losses[: len(names)], strict=True)), "parameter sum": total}, step)
-    for name, value in zip(names + ("explained_variance", "int_explained_variance"), losses, strict=True):
-        writer.add_scalar(f"losses/{name}", value, step)
-    writer.add_scalar("charts/intrinsic_reward", mean_int_reward, step)
-    writer.add_scalar("charts/learning_rate", lr, step)
+        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, step_at)
+    losses = [name for name in stats if name != "intrinsic_reward"]
+    logged = dict(stats, explained_variance=explained_variance(*explained["ext"], valid))
+    logged["int_explained_variance"] = explained_variance(*explained["int"], valid)
+    logged["parameter sum"] = parameter_sum(*run.nets)[0]
+    logged = dict(zip(logged, torch.stack(list(logged.values())).tolist(), strict=True))  # one host sync
+    check_training({name: logged[name] for name in [*losses, "parameter sum"]}, step)
+    for name in [*losses, "explained_variance", "int_explained_variance"]:
+        run.writer.add_scalar(f"losses/{name}", logged[name], step)
+    run.writer.add_scalar("charts/intrinsic_reward", logged["intrinsic_reward"], step)
+    run.writer.add_scalar("charts/learning_rate", lr, step)
+
+
+def end_iteration(run, args: Args, nets: dict, finished: list, stats: dict, explained: dict, valid, lr, rewems,
+                  global_step: int, iteration: int) -> None:  # fmt: skip
+    """An iteration's end: process 0 logs every process's finished episodes and rooms and the update (log_update), and
+    evaluates the policy when an evaluation is due; a checkpoint when one is due or a stop was asked (of any process:
+    all stop after the same iteration), then the stop."""
+    episodes = gather_episodes(finished, args.world_size)
+    run.rooms.seen, finished_rooms = gather_rooms(run.rooms.seen, run.rooms.finished, args.world_size)
+    run.rooms.finished = []
+    if run.rank == 0:
+        log_update(run, episodes, stats, explained, valid, lr, global_step)
+        extra = log_rooms(run.writer, finished_rooms, run.rooms.seen, global_step) if run.rooms.address is not None else ""
+        run.progress.log(run.writer, global_step, global_step, extra, force=iteration == args.num_iterations)
+        if crossed(global_step, args.batch_size, args.eval_every):
+            with run.progress.paused():
+                returns = evaluate(nets["model"], args, run.device, video_path(args, run.run_dir, global_step))
+                log_eval(run.writer, returns, global_step)
+    stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same on every process
+    if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
+        write_checkpoint(run, args, nets, rewems, global_step, iteration)
+    if stopping:
+        run.envs.close()
+        stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"step {global_step:,}")
 
 
 def gather_rooms(rooms_seen: np.ndarray, finished_rooms: list, world_size: int):
@@ -933,25 +908,25 @@ def log_rooms(writer: SummaryWriter, finished_rooms: list, rooms_seen: np.ndarra
     return f" | rooms {int(rooms_seen.sum())}"
 
 
-def model_state(agent: Agent, rnd: RNDModel, obs_rms: RunningMeanStd, reward_rms: RunningMeanStd, rewems) -> dict:
+def model_state(nets: dict, rewems: torch.Tensor) -> dict:
     """What the policy and its intrinsic reward need, in a checkpoint and in the final model: both networks and every
     statistic."""
     return dict(
-        model=agent.state_dict(), rnd=rnd.state_dict(), obs_rms=obs_rms.state_dict(), reward_rms=reward_rms.state_dict(),
-        rewems=rewems.cpu(),
+        model=nets["model"].state_dict(), rnd=nets["rnd"].state_dict(), obs_rms=nets["obs_rms"].state_dict(),
+        reward_rms=nets["reward_rms"].state_dict(), rewems=rewems.cpu(),
     )  # fmt: skip
 
 
-def write_checkpoint(run_dir, args: Args, rank: int, device, nets: tuple, rewems, rooms_seen, global_step, iteration):
+def write_checkpoint(run, args: Args, nets: dict, rewems, global_step: int, iteration: int) -> None:
     """checkpoint.pt, written by process 0: `nets` (agent, RND model, optimiser, observation and reward statistics),
-    every env's intrinsic reward filter state and every process's RNG states, each process to resume its own share."""
-    agent, rnd, optimizer, obs_rms, reward_rms = nets
-    every_rewems, rngs = gather_rows(rewems, args.world_size), gather_objects(rng_state(device), args.world_size)
-    if rank == 0:
+    every env's intrinsic reward filter state, the rooms seen and every process's RNG states, each process to resume
+    its own share."""
+    every_rewems, rngs = gather_rows(rewems, args.world_size), gather_objects(rng_state(run.device), args.world_size)
+    if run.rank == 0:
         save_checkpoint(
-            os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir, optimizer=optimizer.state_dict(),
-            **model_state(agent, rnd, obs_rms, reward_rms, every_rewems),
-            rooms_seen=rooms_seen, global_step=global_step, iteration=iteration, rng=rngs,
+            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+            optimizer=nets["optimizer"].state_dict(), **model_state(nets, every_rewems),
+            rooms_seen=run.rooms.seen, global_step=global_step, iteration=iteration, rng=rngs,
         )  # fmt: skip
 
 
@@ -1180,7 +1155,8 @@ def bf16_note(device: torch.device) -> str:
 def start_run(args: Args) -> types.SimpleNamespace:
     """A run's set-up before its networks: every check before the run directory is made (the env's spaces, the flags,
     the storage, the checkpoint and the processes that wrote it), this process under torchrun, then, for process 0
-    alone, the run directory, its first lines and the writer; and the stop requests. Returns what main needs."""
+    alone, the run directory, its first lines and the writer; the stop requests and this process's envs. Returns
+    what main needs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -1197,41 +1173,66 @@ def start_run(args: Args) -> types.SimpleNamespace:
         if args.bf16 and (slow := bf16_note(device)):
             print(slow, flush=True)
     writer = open_writer(run_dir, args, ckpt["global_step"] if ckpt else None) if rank == 0 else None
+    # this process's envs: process r steps envs r*N .. r*N + N-1; a resumed run's take a fresh seed
+    n = args.num_envs // args.world_size
+    seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
+    envs = make_env(args.env_id, n, seed, args.max_episode_steps, args.sticky_action_prob)
     return types.SimpleNamespace(
         obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, rng=rng, run_dir=run_dir,
-        writer=writer, stop=stop_requests(),
+        writer=writer, stop=stop_requests(), envs=envs,
     )  # fmt: skip
 
 
-def restore_run(args: Args, run: types.SimpleNamespace, nets: tuple):
-    """--resume: a checkpoint's networks, optimiser, statistics (`nets`) and this process's RNG states put back. Returns
-    the intrinsic reward filter's state of this process's envs, the rooms seen, the step and the iteration to go on from
-    (zeros, none, 0 and 1 for a new run)."""
-    run.nets = nets[:2]  # the agent and the RND networks, for log_update's check of the weights
+def restore_run(args: Args, run: types.SimpleNamespace, nets: dict, statistics):
+    """A new run's observation statistics from random steps (`statistics`: init_obs_stats, run here with a progress
+    line every --progress-interval seconds), or a resumed run's networks, optimiser and statistics (`nets`), rooms
+    and this process's RNG states from its checkpoint; then the room counter and the progress line. Returns this
+    process's envs' intrinsic reward filter state, the step and the iteration to go on from (zeros, 0, 1 when new)."""
+    run.nets = (nets["model"], nets["rnd"])  # for log_update's check of the weights
+    num_envs = args.num_envs // args.world_size
     if run.ckpt is None:
-        return torch.zeros(args.num_envs // args.world_size, device=run.device), np.zeros(256, dtype=bool), 0, 1
-    for net, key in zip(nets, ("model", "rnd", "optimizer", "obs_rms", "reward_rms"), strict=True):
-        net.load_state_dict(run.ckpt[key])
-    restore_rng(run.rng, run.device)
+        if args.num_iterations_obs_norm_init > 0:
+            report_obs_stats(statistics, args, run)
+        rewems, rooms_seen, global_step, iteration = torch.zeros(num_envs, device=run.device), np.zeros(256, bool), 0, 0
+    else:
+        for key, net in nets.items():
+            net.load_state_dict(run.ckpt[key])
+        restore_rng(run.rng, run.device)
+        if run.rank == 0:
+            print(f"resumed {run.run_dir} at step {run.ckpt['global_step']:,}")
+        rewems = run.ckpt["rewems"].chunk(args.world_size)[run.rank].to(run.device)  # this process's envs' share
+        rooms_seen, global_step, iteration = run.ckpt["rooms_seen"].copy(), run.ckpt["global_step"], run.ckpt["iteration"]
+    run.rooms = Rooms(args.env_id, num_envs, rooms_seen)
+    run.progress = Progress(args, global_step, args.total_timesteps)
+    return rewems, global_step, iteration + 1
+
+
+def report_obs_stats(statistics, args: Args, run: types.SimpleNamespace) -> None:
+    """Runs init_obs_stats' random rollouts: the env steps take nearly all of the time, so process 0 says how far they
+    are every --progress-interval seconds, and how long they took, which it logs."""
+    start, last_print, iterations = time.time(), time.time(), args.num_iterations_obs_norm_init
+    for done in statistics:
+        if run.rank == 0 and time.time() - last_print > args.progress_interval and done < iterations:
+            last_print, eta = time.time(), (time.time() - start) / done * (iterations - done)
+            print(f"observation statistics: random rollout {done}/{iterations} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+    seconds = time.time() - start
     if run.rank == 0:
-        print(f"resumed {run.run_dir} at step {run.ckpt['global_step']:,}")
-    rewems = run.ckpt["rewems"].chunk(args.world_size)[run.rank]  # every env's filter state, this process's share
-    return rewems.to(run.device), run.ckpt["rooms_seen"].copy(), run.ckpt["global_step"], run.ckpt["iteration"] + 1
+        print(f"observation statistics from {iterations * args.num_steps * args.num_envs:,} random steps in {seconds:.1f} s")
+        run.writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
 
 
-def end_run(args: Args, run: types.SimpleNamespace, nets: tuple, envs, rewems: torch.Tensor, global_step: int) -> None:
+def end_run(args: Args, run: types.SimpleNamespace, nets: dict, rewems: torch.Tensor, global_step: int) -> None:
     """The end of a run: envs closed, every env's filter state gathered, the processes left together; then process 0
     alone, with --save-model, writes both networks and every statistic (model_state), reloads the policy from disk into
     a new agent and evaluates it, as a user who loads it evaluates it; and closes the writer."""
-    envs.close()
+    run.envs.close()
     rewems = gather_rows(rewems, args.world_size)
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
     if args.save_model:
-        agent, rnd, _, obs_rms, reward_rms = nets
         model_path = os.path.join(run.run_dir, "rnd_ppo.model")
-        save_checkpoint(model_path, "model", args, run.run_dir, **model_state(agent, rnd, obs_rms, reward_rms, rewems))
+        save_checkpoint(model_path, "model", args, run.run_dir, **model_state(nets, rewems))
         eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
         eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
         returns = evaluate(eval_agent, args, run.device, video_path(args, run.run_dir))

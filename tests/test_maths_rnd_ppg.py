@@ -594,7 +594,7 @@ def test_main_mixes_ext_coef_times_the_extrinsic_advantage_with_int_coef_times_t
 
     def fake_update(steps, batch, obs_rms, args, memory=None):
         seen["batch"] = {k: v.clone() for k, v in batch.items()}
-        return torch.zeros(7)
+        return {"rnd_loss": torch.zeros(())}  # the loss terms by name
 
     monkeypatch.setattr(rnd, "compute_gae", fake_gae)
     monkeypatch.setattr(rnd, "intrinsic_gae", fake_intrinsic_gae)
