@@ -247,7 +247,7 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, optimum, checks), then the shared plumbing.
-# --- This file's machinery: presets, envs, exact evaluation, pictures, storage, checks, start_run and end_run ---
+# --- This file's machinery: presets, envs, exact evaluation, logging, checkpoints, pictures, storage, checks, start, end ---
 import difflib
 import time
 import types
