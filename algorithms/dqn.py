@@ -1,8 +1,8 @@
 """DQN (Mnih et al. 2015) and Double DQN (van Hasselt et al. 2016); benchmark: `bash benchmark/dqn.sh`.
 
-Reading guide: the algorithm first (Args, the Q-network, the maths, the update step, main's training loop), up to the
-line `# The algorithm ends here`; below it, this file's machinery (presets, envs, the replay buffer, evaluation, checks,
-start_run and end_run), then the run plumbing all eight algorithm files share.
+Reading guide: the algorithm first (Args, the Q-network, the maths, the update step, the replay buffer, main's
+training loop), up to the line `# The algorithm ends here`; below it, this file's machinery (presets, envs,
+evaluation, checks, checkpoints, the start and the end of a run), then the run plumbing all eight files share.
 """
 
 import os
@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -48,9 +48,9 @@ class Args:
     train_frequency: int = 10
     """env steps per gradient step (with several envs, several gradient steps per vector step when needed)"""
     double_q: bool = False
-    """Double DQN (van Hasselt et al. 2016): the online network picks the next action, the target network values it"""
+    """Double DQN (van Hasselt et al. 2016): the online net picks the next action, the target net values it"""
     loss: Literal["mse", "huber"] = "mse"
-    """TD loss: mse as CleanRL's dqn.py and dqn_atari.py, whose results the presets reproduce; huber as Mnih et al. 2015"""
+    """TD loss: mse as CleanRL, whose results the presets reproduce; huber as Mnih et al. 2015"""
     max_grad_norm: float = 0.0
     """global gradient norm clip (0: none, as CleanRL and Mnih et al. 2015)"""
     episodic_life: bool = True
@@ -62,11 +62,11 @@ class Args:
     exp_name: str = "dqn"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
-    """envpool id (CartPole-v1, Breakout-v5, ...) or any gymnasium id with Discrete actions, including 'module:Env-v0'"""
+    """envpool or gymnasium id with Discrete actions (CartPole-v1, Breakout-v5, 'module:Env-v0', ...)"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """who steps the envs: envpool's C++ threads or gymnasium in this process; auto: gymnasium for a few classic envs"""
+    """who steps the envs: envpool's C++ threads or gymnasium in-process; auto: gymnasium for cheap ones"""
     preset: Literal["auto", "classic", "atari"] = "auto"
-    """defaults of a reference: classic (CleanRL dqn.py), atari (CleanRL dqn_atari.py); auto: atari for image observations"""
+    """defaults of a reference: classic (CleanRL dqn.py), atari (dqn_atari.py); auto: atari for images"""
     seed: int = 1
     """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
     torch_deterministic: bool = True
@@ -74,68 +74,69 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available"""
     compile: bool = False
-    """torch.compile the greedy acting step and the TD update: slower on a CPU, faster on a GPU (docs/dqn.md)"""
+    """torch.compile the acting step and the TD update: slower on a CPU, faster on a GPU (docs/dqn.md)"""
     cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
-    """frames: the convolutional trunk in bfloat16 autocast; weights, Q-values and losses stay float32 (docs/speed.md)"""
+    """frames: the convolutional trunk in bfloat16 autocast; weights, Q-values and losses stay float32"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
     """save the final model to runs/<run>/dqn.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    """evaluate on separate envs every this many env steps (0: only at the end, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env)"""
     eval_epsilon: float = 0.05
-    """evaluation is epsilon-greedy with this epsilon (as CleanRL), so that an Atari policy that never fires cannot stall"""
+    """evaluation's epsilon (as CleanRL), so that an Atari policy that never fires cannot stall"""
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     save_buffer: bool = False
-    """checkpoint the buffer too, or a resumed run refills the buffer for --learning-starts steps before training again"""
+    """checkpoint the buffer too; else a resumed run refills it for --learning-starts steps before training"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
     log_every: int = 1000
     """env steps between the loss, epsilon and SPS scalars"""
 
 
-# No orthogonal layer_init here: CleanRL's dqn.py and dqn_atari.py keep PyTorch's default nn.Linear / nn.Conv2d
-# initialisation (weights and biases uniform in +-1/sqrt(fan_in)), and theirs are the results the presets reproduce
 class QNetwork(nn.Module):
-    """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP (CleanRL
-    dqn.py) for vector observations."""
+    """Q-values of every action: Nature CNN (Mnih et al. 2015) for (C, H, W) frames, a 120-84 ReLU MLP
+    (CleanRL dqn.py) for vectors. No orthogonal init: CleanRL's dqn.py and dqn_atari.py, whose results the
+    presets reproduce, keep PyTorch's default nn.Linear and nn.Conv2d init (uniform in +-1/sqrt(fan_in))."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, bf16: bool = False):
         super().__init__()
-        obs_shape, n_actions, self.dtype = obs_space.shape, int(action_space.n), torch.bfloat16 if bf16 else torch.float32
-        if len(obs_shape) == 3:
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the convolutional trunk's, under autocast
+        if len(obs_space.shape) == 3:
             encoder = nn.Sequential(
-                nn.Conv2d(obs_shape[0], 32, 8, stride=4),
-                nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2),
-                nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
+                nn.Conv2d(obs_space.shape[0], 32, 8, stride=4), nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
+            )  # fmt: skip
             with torch.no_grad():
-                n_flat = encoder(torch.zeros(1, *obs_shape)).shape[1]
-            self.network = nn.Sequential(*encoder, nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, n_actions))
-            self.network.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels take (H, W, C) layouts
+                n_flat = encoder(torch.zeros(1, *obs_space.shape)).shape[1]
+            head = [nn.Linear(n_flat, 512), nn.ReLU(), nn.Linear(512, int(action_space.n))]
+            # channels-last: the (H, W, C) layout that oneDNN's and cuDNN's fast kernels take
+            self.network = nn.Sequential(*encoder, *head).to(memory_format=torch.channels_last)
         else:
-            # no nn.Flatten: observations are already vectors, and every op costs microseconds on a net this small
-            hidden = [nn.Linear(obs_shape[0], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU()]
-            self.network = nn.Sequential(*hidden, nn.Linear(84, n_actions))
+            # no nn.Flatten: observations are vectors, and every op costs microseconds on a net this small
+            hidden = [nn.Linear(obs_space.shape[0], 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU()]
+            self.network = nn.Sequential(*hidden, nn.Linear(84, int(action_space.n)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:  # vectors, float or uint8 (network_input scales uint8 ones to [0, 1])
             return self.network(network_input(x, torch.float32))
-        # frames become floats only here (--bf16: bfloat16, the trunk autocast), laid out channels-last while still uint8
-        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+        # frames become floats only here (--bf16: bfloat16, the trunk autocast), channels-last while uint8
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
             h = self.network[:-1](network_input(x.contiguous(memory_format=torch.channels_last), self.dtype))
         return self.network[-1](h.float())  # the Q-values in float32
+
+
+def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation in `dtype`: uint8 (frames, bytes) scaled to [0, 1] on .to's copy; floats as they are."""
+    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
@@ -145,9 +146,8 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 
 def td_target(rewards, terminations, next_q_target, gamma: float, next_q_online=None):
-    """r + gamma * (1 - terminated) * Q_target(s', a'): the target network's max (DQN), or, given the online
-    network's next Q-values, its argmax valued by the target network (Double DQN, van Hasselt et al. 2016). A truncated
-    transition has terminations 0 and bootstraps from the real final observation s'."""
+    """r + gamma * (1 - terminated) * Q_target(s', a'), a' the target network's argmax (DQN) or, given its
+    next Q-values, the online network's (Double DQN, van Hasselt et al. 2016); a truncation bootstraps."""
     if next_q_online is None:
         next_value = next_q_target.max(1).values
     else:
@@ -166,15 +166,15 @@ def q_loss(q_values, actions, targets, loss: str):
 
 
 def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters; tau = 1 is
-    the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
+    """Polyak averaging, target <- tau * online + (1 - tau) * target, as one fused op over all parameters;
+    tau = 1 is the hard copy of Mnih et al. 2015 (lerp with weight 1 returns the online values exactly)."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
 def select_actions(act, obs: torch.Tensor, epsilon: float, n_actions: int, rng: np.random.Generator):
-    """Epsilon-greedy per env, `act` giving the greedy actions (the argmax of the Q-values); the network runs only when
-    some env acts greedily, and random actions are drawn only for the envs that explore."""
+    """Epsilon-greedy per env, `act` giving the greedy actions (the argmax of the Q-values); the network runs
+    only when some env acts greedily, and random actions are drawn only for the envs that explore."""
     explore = rng.random(obs.shape[0]) < epsilon
     if explore.all():
         return rng.integers(0, n_actions, obs.shape[0])
@@ -185,27 +185,25 @@ def select_actions(act, obs: torch.Tensor, epsilon: float, n_actions: int, rng: 
     return actions
 
 
-def training_steps(q_network: QNetwork, target_network: QNetwork, optimizer: torch.optim.Optimizer, args: Args):
-    """The greedy acting step and the TD update, the two functions `--compile` hands to torch.compile (LeanRL's
-    approach: the same code, traced once); without it they run eagerly, as written here."""
+def training_steps(q_network: QNetwork, target_network: QNetwork, optimizer: torch.optim.Optimizer, args):
+    """The greedy acting step and the TD update, which --compile hands to torch.compile (as LeanRL)."""
 
     def act(obs):
-        """The greedy action of each env: the argmax of its Q-values."""
         return q_network(obs).argmax(1)
 
-    def update(obs, actions, rewards, next_obs, terminations):
-        """One batch: the TD target, the loss, its gradient (norm clipped when asked), an Adam step; returns
-        [loss, mean Q of the taken actions]."""
+    def update(batch: dict) -> dict:
+        """A replay batch's TD target, loss, gradient (norm clipped if asked), Adam step; the loss, mean Q."""
         with torch.no_grad():
-            next_q_online = q_network(next_obs) if args.double_q else None
-            targets = td_target(rewards, terminations, target_network(next_obs), args.gamma, next_q_online)
-        loss, q_mean = q_loss(q_network(obs), actions, targets, args.loss)
+            next_q_online = q_network(batch["next_obs"]) if args.double_q else None
+            next_q_target = target_network(batch["next_obs"])
+            targets = td_target(batch["rewards"], batch["terminations"], next_q_target, args.gamma, next_q_online)
+        loss, q_mean = q_loss(q_network(batch["obs"]), batch["actions"], targets, args.loss)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if args.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
         optimizer.step()
-        return torch.stack([loss, q_mean]).detach()
+        return {"td_loss": loss.detach(), "q_values": q_mean.detach()}
 
     if not args.compile:
         return act, update
@@ -213,36 +211,107 @@ def training_steps(q_network: QNetwork, target_network: QNetwork, optimizer: tor
     return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
 
 
+class ReplayBuffer:
+    """Replay memory with each observation once, in time order per env (docs/dqn.md, detail 11): slot t holds
+    step t's observation (stacked: the newest frame alone, stacks rebuilt as envpool builds them), the action,
+    reward and termination, and whether t -> t+1 is a real transition (not an autoreset's reset step)."""
+
+    def __init__(self, capacity: int, num_envs: int, obs_space: gym.Space, stacked: bool, rng):
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.stack = obs_space.shape[0] if stacked else 1
+        frame_shape = obs_space.shape[1:] if stacked else obs_space.shape
+        obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
+        self.frames = np.zeros((capacity, num_envs, *frame_shape), dtype=obs_dtype)
+        self.actions = np.zeros((capacity, num_envs), dtype=np.int64)
+        self.rewards = np.zeros((capacity, num_envs), dtype=np.float32)
+        self.terminations = np.zeros((capacity, num_envs), dtype=np.float32)
+        self.valid = np.zeros((capacity, num_envs), dtype=bool)
+        self.first = np.zeros((capacity, num_envs), dtype=bool)  # the first observation of a full reset
+        self.pos = -1  # slot of the newest observation
+        self.size = 0
+        self.rng = np.random.default_rng(rng)  # a seed, or a generator used as it is
+
+    def add_obs(self, obs: np.ndarray, first) -> None:
+        self.pos = (self.pos + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+        self.frames[self.pos] = obs[:, -1] if self.stack > 1 else obs
+        self.first[self.pos] = first
+        self.valid[self.pos] = False  # its transition is not complete yet (and an overwritten one is gone)
+
+    def add(self, actions, rewards, terminations, valid, next_obs: np.ndarray, next_first) -> None:
+        """The newest slot's transition (valid: False on the reset step of the next-step autoreset), then
+        next_obs after it (next_first: where it is the first observation of a game over or a truncation)."""
+        self.actions[self.pos] = actions
+        self.rewards[self.pos] = rewards
+        self.terminations[self.pos] = terminations
+        self.valid[self.pos] = valid
+        self.add_obs(next_obs, next_first)
+
+    def sampleable(self, slots: np.ndarray, envs: np.ndarray) -> np.ndarray:
+        # in a full buffer, the stacks of the stack - 1 oldest slots would reach into overwritten frames
+        too_old = (self.size == self.capacity) & ((slots - self.pos) % self.capacity < self.stack)
+        return self.valid[slots, envs] & ~too_old
+
+    def stacks(self, slots: np.ndarray, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Observations and next observations of the transitions at (slots, envs)."""
+        if self.stack == 1:
+            return self.frames[slots, envs], self.frames[(slots + 1) % self.capacity, envs]
+        k = self.stack
+        window = (slots[:, None] + np.arange(-k + 1, 2)) % self.capacity  # k - 1 older, the slot, the next
+        first = self.first[window, envs[:, None]]
+        obs = []
+        for lo in (0, 1):  # the observation's stack, then the next one's
+            # frames before the newest episode start in the stack repeat its first frame, as envpool's reset
+            start = (first[:, lo : lo + k] * np.arange(k)).max(1, keepdims=True)
+            cols = lo + np.maximum(np.arange(k), start)
+            obs.append(self.frames[np.take_along_axis(window, cols, 1), envs[:, None]])
+        return obs[0], obs[1]
+
+    def sample(self, batch_size: int, device: torch.device) -> dict:
+        slots = self.rng.integers(0, self.size, batch_size)
+        envs = self.rng.integers(0, self.num_envs, batch_size)
+        while (bad := ~self.sampleable(slots, envs)).any():  # rejection sampling: few slots are no transition
+            slots[bad] = self.rng.integers(0, self.size, int(bad.sum()))
+            envs[bad] = self.rng.integers(0, self.num_envs, int(bad.sum()))
+        obs, next_obs = self.stacks(slots, envs)
+        batch = dict(obs=obs, actions=self.actions[slots, envs], rewards=self.rewards[slots, envs])
+        batch.update(next_obs=next_obs, terminations=self.terminations[slots, envs])
+        batch = {k: torch.from_numpy(x) for k, x in batch.items()}
+        if device.type == "cuda":  # pinned memory, no wait: a pageable copy waits for the GPU's whole queue
+            batch = {k: x.pin_memory().to(device, non_blocking=True) for k, x in batch.items()}
+        return batch
+
+
 def main(args: Args) -> None:
-    # --- set-up: checks, device, run directory, writer (start_run); the networks, optimiser and replay buffer ---
+    # --- set-up (start_run: checks, device, run directory, writer); networks, optimiser, buffer; a resume ---
     run = start_run(args)
-    obs_space, action_space, device, writer, progress = run.obs_space, run.action_space, run.device, run.writer, run.progress
-    N, n_actions = args.num_envs, int(action_space.n)
-    q_network = QNetwork(obs_space, action_space, args.bf16).to(device)
-    target_network = QNetwork(obs_space, action_space, args.bf16).to(device)
+    device = run.device
+    N = args.num_envs
+    n_actions = int(run.action_space.n)
+    q_network = QNetwork(run.obs_space, run.action_space, args.bf16).to(device)
+    target_network = QNetwork(run.obs_space, run.action_space, args.bf16).to(device)
     target_network.load_state_dict(q_network.state_dict())
-    # fused: one kernel for all parameters (a third faster on small networks); compiled: the foreach one, which inductor fuses
+    # fused: one kernel for all parameters (a third faster on small nets); compiled: foreach (inductor fuses)
     optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=not args.compile)
     act, update = training_steps(q_network, target_network, optimizer, args)
-    explore_rng, buffer_rng = exploration_and_replay_rngs(args.seed)  # epsilon-greedy draws; replay samples
-    # replay buffer: envpool Atari frames are stored once and restacked, other observations whole
-    stack = obs_space.shape[0] if atari_run(args.env_id, N, args.env_backend) else 1
-    obs_dtype = np.uint8 if obs_space.dtype == np.uint8 else np.float32
-    rb = ReplayBuffer(args.buffer_size // N, N, obs_space.shape, obs_dtype, stack, buffer_rng)
-    global_step, train_from = 0, args.learning_starts
-    if run.ckpt:  # weights, Adam's state, random states, and the replay buffer where --save-buffer kept it
-        global_step, train_from = restore_run(args, run, q_network, target_network, optimizer, explore_rng, rb)
-
-    # envs are not restored by a resume, so its envs take a fresh seed
-    envs, is_atari = make_env(args.env_id, N, args.seed + global_step, args.episodic_life, args.reward_clip, args.env_backend)
+    # epsilon-greedy and replay draw from independent streams (generators seeded alike would draw the same)
+    explore_seed, replay_seed = np.random.SeedSequence(args.seed).spawn(2)
+    explore_rng = np.random.default_rng(explore_seed)
+    rb = ReplayBuffer(args.buffer_size // N, N, run.obs_space, stacked=run.is_atari, rng=replay_seed)
+    global_step, train_from = restore_run(args, run, q_network, target_network, optimizer, explore_rng, rb)
+    seed = args.seed + global_step  # envs are not restored by a resume, so its envs take a fresh seed
+    envs, _ = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, args.env_backend)
     obs_np = envs.reset()[0]
-    rb.start(obs_np)
+    rb.add_obs(obs_np, first=True)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     next_first = np.zeros(N, dtype=bool)  # True on the reset step of a full reset (not a lost life)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
-    # per-update [loss, mean Q], summed on the device at once (--cudagraphs overwrites a graph's outputs), averaged when logged
-    stats, num_updates = torch.zeros(2, device=device), 0
-    env_seconds, update_seconds = 0.0, 0.0
+    ep_return = np.zeros(N)  # the logged episode's return and length so far, per env
+    ep_length = np.zeros(N, dtype=np.int64)
+    # each update's loss and mean Q, summed on the device at once (--cudagraphs overwrites a graph's outputs)
+    stats = {name: torch.zeros((), device=device) for name in ("td_loss", "q_values")}
+    num_updates = 0
+    seconds = {"env": 0.0, "update": 0.0}  # where the training time goes, said at the end
     duration = args.exploration_fraction * args.total_timesteps  # env steps over which epsilon decays
 
     while global_step < args.total_timesteps:
@@ -251,57 +320,47 @@ def main(args: Args) -> None:
         epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
         actions = select_actions(act, torch.as_tensor(obs_np, device=device), epsilon, n_actions, explore_rng)
         t0 = time.perf_counter()
-        next_obs_np, reward, term, trunc, info = finite_step(envs.step(actions), global_step)  # NaN/inf: one line
-        env_seconds += time.perf_counter() - t0
-
-        # --- step and store: the transition into the replay buffer, the finished episodes into the logs ---
-        # next_obs is the real final observation after a truncation (the reset comes on the next step)
+        next_obs_np, reward, term, trunc, info = finite_step(envs.step(actions), global_step)  # stops at NaN
+        seconds["env"] += time.perf_counter() - t0
+        # --- store: after a truncation, next_obs is the real final observation (the reset step is next) ---
         rb.add(actions, reward, term, next_valid, next_obs_np, next_first)
         obs_np = next_obs_np
-        episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-        ep_return, ep_length, *finished = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
-        progress.log_episodes(writer, *finished, global_step)
-        next_valid, next_first = ~(term | trunc), episode_end
-
-        # --- learn: one TD update (targets, loss, Adam step) per train_frequency env steps, then the target network ---
+        # --- episodes: for Atari the game (envpool's info["terminated"], not a lost life, or a truncation)
+        # at its raw score (info["reward"], not the clipped reward); for other envs the episode as trained
+        episode_end = info["terminated"].astype(bool) | trunc if run.is_atari else term | trunc
+        ep_return += info["reward"] if run.is_atari else reward
+        ep_length += next_valid  # the reset step of the next-step autoreset is no step of an episode
+        run.progress.log_episodes(run.writer, ep_return[episode_end], ep_length[episode_end], global_step)
+        ep_return[episode_end] = 0.0
+        ep_length[episode_end] = 0
+        next_valid = ~(term | trunc)
+        next_first = episode_end
+        # --- learn: a TD update per train_frequency env steps (over all envs), then the target network ---
         if global_step > train_from:
             t0 = time.perf_counter()
             for _ in range(global_step // args.train_frequency - (global_step - N) // args.train_frequency):
-                stats += update(*rb.sample(args.batch_size, device))
+                for name, value in update(rb.sample(args.batch_size, device)).items():
+                    stats[name] += value
                 num_updates += 1
-            # eager, not compiled: one fused lerp every target_network_frequency steps, no traced schedule branch
+            # eager: one fused lerp every target_network_frequency steps, no schedule branch in a traced graph
             if crossed(global_step, N, args.target_network_frequency):
                 soft_update(target_network, q_network, args.tau)
-            update_seconds += time.perf_counter() - t0
+            seconds["update"] += time.perf_counter() - t0
+        # --- logging: the interval's mean loss and Q, epsilon, SPS; one host sync per log interval ---
+        if crossed(global_step, N, args.log_every) or global_step >= args.total_timesteps:
+            log_training(args, run, stats, num_updates, epsilon, global_step)  # a NaN or inf ends the run
+            stats = {name: torch.zeros_like(total) for name, total in stats.items()}
+            num_updates = 0
+        evaluate_checkpoint_or_exit(args, run, envs, global_step, q_network, target_network, optimizer, rb, explore_rng)
 
-        # --- logging: one host sync per log interval ---
-        last = global_step >= args.total_timesteps
-        if crossed(global_step, N, args.log_every) or last:
-            if num_updates:
-                td_loss, q_values = check_training((stats / num_updates).tolist(), global_step)  # NaN/inf: one line
-                writer.add_scalar("losses/td_loss", td_loss, global_step)
-                writer.add_scalar("losses/q_values", q_values, global_step)
-                stats, num_updates = torch.zeros(2, device=device), 0
-            writer.add_scalar("charts/epsilon", epsilon, global_step)
-            progress.log(writer, global_step, global_step, force=last)
-
-        # --- evaluation, checkpoint, stop requests ---
-        if crossed(global_step, N, args.eval_every):
-            with progress.paused():
-                log_eval(writer, evaluate(q_network, args, device, video_path(args, run.run_dir, global_step)), global_step)
-        if crossed(global_step, N, args.checkpoint_every) or run.stop:
-            write_checkpoint(args, run, q_network, target_network, optimizer, rb, explore_rng, global_step)
-        if run.stop:
-            stop_and_exit(run.stop, writer, envs, args, run.run_dir, f"step {global_step:,}")
-
-    # --- end: where the time went; the final model saved, reloaded from disk and evaluated (end_run, below) ---
-    end_run(args, run, envs, q_network, global_step, env_seconds, update_seconds)
+    # --- end: where the time went; the final model saved, reloaded and evaluated (end_run, below) ---
+    end_run(args, run, envs, q_network, global_step, seconds)
 
 
-# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, buffer, checks), then the shared plumbing.
+# The algorithm ends here; a learner may stop. Below: this file's machinery (envs, checks, checkpoints), then the plumbing.
 
 
-# --- This file's machinery: presets, envs, the replay buffer, evaluation, checks, the set-up and the end of a run ---
+# --- This file's machinery: presets, envs, evaluation, checks, the set-up, checkpoints, logs and the end of a run ---
 import difflib
 import os
 import subprocess
@@ -366,7 +425,7 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
-# --- envs: spaces, backend, construction, episode statistics ---
+# --- envs: spaces, backend, construction ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -460,159 +519,6 @@ def can_render(env_id: str, backend: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-def game_end_and_score(reward, term, trunc, info, is_atari: bool):
-    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
-    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
-    if is_atari:
-        return info["terminated"].astype(bool) | trunc, info["reward"]
-    return term | trunc, reward
-
-
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
-
-
-# --- the replay buffer ---
-def bf16_note(device: torch.device) -> str:
-    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
-    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
-    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
-    if device.type == "cuda":
-        native = torch.cuda.get_device_capability(device)[0] >= 8
-    else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            return ""
-        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
-    what = "GPU" if device.type == "cuda" else "CPU"
-    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
-
-
-class ReplayBuffer:
-    """Preallocated replay memory holding each observation once, in time order per env (docs/dqn.md, detail 11).
-
-    Slot t of env e holds the observation of its step t (envpool Atari: only the newest frame of the stack), the action
-    taken from it, the reward, the termination flag, and whether t -> t+1 is a real transition (not the reset step of
-    the next-step autoreset); the next observation of slot t is slot t+1. Stacks are rebuilt as envpool 1.2.5 builds
-    them (tests/test_dqn.py checks it): four copies of the first frame after a full reset (a slot marked `first`), and
-    carried on across a life loss. The `stack - 1` oldest slots of a full buffer reach into overwritten ones: not sampled.
-    """
-
-    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple, obs_dtype, stack: int, rng):
-        self.capacity, self.num_envs, self.stack, self.obs_shape = capacity, num_envs, stack, tuple(obs_shape)
-        frame_shape = self.obs_shape[1:] if stack > 1 else self.obs_shape
-        self.frames = np.zeros((capacity, num_envs) + frame_shape, dtype=obs_dtype)
-        self.actions = np.zeros((capacity, num_envs), dtype=np.int64)
-        self.rewards = np.zeros((capacity, num_envs), dtype=np.float32)
-        self.terminations = np.zeros((capacity, num_envs), dtype=np.float32)
-        self.valid = np.zeros((capacity, num_envs), dtype=bool)
-        self.first = np.zeros((capacity, num_envs), dtype=bool)
-        self.pos, self.size = -1, 0  # pos: slot of the newest observation
-        self.rng = np.random.default_rng(rng)  # a seed, or a generator used as it is
-
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.frames, self.actions, self.rewards, self.terminations, self.valid, self.first))
-
-    def _write_obs(self, obs: np.ndarray, first) -> None:
-        self.pos = (self.pos + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-        self.frames[self.pos] = obs[:, -1] if self.stack > 1 else obs
-        self.first[self.pos] = first
-        self.valid[self.pos] = False  # its transition is not complete yet (and an overwritten one is gone)
-
-    def start(self, obs: np.ndarray) -> None:
-        """The observations of freshly reset envs (the start of training, or of a resumed run)."""
-        self._write_obs(obs, True)
-
-    def add(self, actions, rewards, terminations, valid, next_obs: np.ndarray, next_first) -> None:
-        """Complete the newest slot's transition and store next_obs after it.
-
-        valid: False where this step was the reset step of the next-step autoreset (never a transition).
-        next_first: True where next_obs is the first observation of a full reset (game over or truncation).
-        """
-        p = self.pos
-        self.actions[p], self.rewards[p], self.terminations[p], self.valid[p] = actions, rewards, terminations, valid
-        self._write_obs(next_obs, next_first)
-
-    def sampleable(self, slots: np.ndarray, envs: np.ndarray) -> np.ndarray:
-        ok = self.valid[slots, envs]
-        if self.size == self.capacity and self.stack > 1:
-            age = (slots - self.pos) % self.capacity  # 1 = the oldest slot
-            ok &= age >= self.stack
-        return ok
-
-    def stacks(self, slots: np.ndarray, envs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Observations and next observations of the transitions at (slots, envs)."""
-        if self.stack == 1:
-            return self.frames[slots, envs], self.frames[(slots + 1) % self.capacity, envs]
-        k = self.stack
-        window = (slots[:, None] + np.arange(-k + 1, 2)) % self.capacity  # k - 1 older slots, the slot, the next one
-        first = self.first[window, envs[:, None]]
-        rows = np.arange(len(slots))[:, None]
-
-        def rebuild(lo: int) -> np.ndarray:
-            # frames before the newest episode start inside the window repeat that start's frame, as envpool's reset
-            start = (first[:, lo : lo + k] * np.arange(k)).max(1, keepdims=True)
-            cols = lo + np.maximum(np.arange(k), start)
-            return self.frames[window[rows, cols], envs[:, None]]
-
-        return rebuild(0), rebuild(1)
-
-    def sample(self, batch_size: int, device: torch.device):
-        slots = self.rng.integers(0, self.size, batch_size)
-        envs = self.rng.integers(0, self.num_envs, batch_size)
-        for _ in range(1000):  # rejection sampling: almost every slot is a valid transition
-            bad = ~self.sampleable(slots, envs)
-            if not bad.any():
-                break
-            slots[bad] = self.rng.integers(0, self.size, int(bad.sum()))
-            envs[bad] = self.rng.integers(0, self.num_envs, int(bad.sum()))
-        else:
-            raise RuntimeError("the replay buffer holds no complete transition")
-        obs, next_obs = self.stacks(slots, envs)
-        # on CUDA through pinned memory, without waiting: a copy from pageable memory waits for the GPU's whole queue
-        cuda = device.type == "cuda"
-        to = lambda x: torch.from_numpy(x).pin_memory().to(device, non_blocking=True) if cuda else torch.from_numpy(x)  # noqa: E731
-        return (
-            to(obs),
-            to(self.actions[slots, envs]),
-            to(self.rewards[slots, envs]),
-            to(next_obs),
-            to(self.terminations[slots, envs]),
-        )
-
-    def state_dict(self) -> dict:
-        # torch.from_numpy shares the memory: torch.save writes a 7 GB buffer without copying it first
-        arrays = dict(frames=self.frames, actions=self.actions, rewards=self.rewards, terminations=self.terminations)
-        arrays.update(valid=self.valid, first=self.first)
-        return {**{k: torch.from_numpy(v) for k, v in arrays.items()}, "pos": self.pos, "size": self.size}
-
-    def load_state_dict(self, state: dict) -> None:
-        for k in ("frames", "actions", "rewards", "terminations", "valid", "first"):
-            getattr(self, k)[...] = state[k].numpy()
-        self.pos, self.size = state["pos"], state["size"]
-
-
-def exploration_and_replay_rngs(seed: int) -> tuple[np.random.Generator, np.random.Generator]:
-    """Generators for the epsilon-greedy coins and random actions, and for the replay buffer's samples: independent
-    streams spawned from one seed, not two generators seeded alike that would draw the same numbers."""
-    explore_seed, buffer_seed = np.random.SeedSequence(seed).spawn(2)
-    return np.random.default_rng(explore_seed), np.random.default_rng(buffer_seed)
-
-
 # --- evaluation, storage reckoning, argument checks ---
 def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
     """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs,
@@ -644,12 +550,6 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     slot_bytes = frame_size * (1 if obs_space.dtype == np.uint8 else 4) + 8 + 4 + 4 + 1 + 1
     buffer = f"the replay buffer (--buffer-size {args.buffer_size} of {shape} observations)"
     return {buffer: ((args.buffer_size // N) * N * slot_bytes, torch.device("cpu"), "lower --buffer-size")}
-
-
-def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An observation as the network's first layer takes it, in `dtype`: uint8 ones (frames, or bytes such as Atari's RAM)
-    scaled to [0, 1], in place on the copy .to makes; float ones as they are. The caller's tensor is never changed."""
-    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
 
 
 def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
@@ -714,10 +614,28 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.capture_video = False
 
 
-# --- the set-up and the end of a run, and the state a checkpoint holds ---
+# --- the set-up and the end of a run, the state a checkpoint holds, the logs and the stops of the loop ---
+def bf16_note(device: torch.device) -> str:
+    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
+    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
+    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = f.read()
+        except OSError:
+            return ""
+        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+    what = "GPU" if device.type == "cuda" else "CPU"
+    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
+
+
 def start_run(args: Args) -> types.SimpleNamespace:
     """Every check before the run directory is made (spaces, flags, storage), then the device, the checkpoint of a
-    --resume, the run directory, the writer, the progress line and the stop requests: what main's loop needs."""
+    --resume, the run directory, the writer, the progress line, the stop requests, and whether the envs are envpool's
+    Atari (one frame per replay slot, the full game logged): what main's loop needs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     device = seed_and_device(args)
@@ -731,13 +649,20 @@ def start_run(args: Args) -> types.SimpleNamespace:
     writer = open_writer(run_dir, args, ckpt["global_step"] if ckpt else None)
     progress = Progress(args, ckpt["global_step"] if ckpt else 0, args.total_timesteps)
     run = dict(obs_space=obs_space, action_space=action_space, device=device, ckpt=ckpt, run_dir=run_dir, writer=writer)
-    return types.SimpleNamespace(**run, progress=progress, stop=stop_requests())
+    is_atari = atari_run(args.env_id, args.num_envs, args.env_backend)
+    return types.SimpleNamespace(**run, progress=progress, stop=stop_requests(), is_atari=is_atari)
+
+
+# The replay buffer's arrays, as a checkpoint holds them (with --save-buffer)
+REPLAY_ARRAYS = ("frames", "actions", "rewards", "terminations", "valid", "first")
 
 
 def restore_run(args: Args, run, q_network, target_network, optimizer, explore_rng, rb: ReplayBuffer) -> tuple[int, int]:
-    """A resume: both networks, Adam's state, the random states, and the replay buffer where the checkpoint has it;
-    returns global_step and the step after which gradient steps start again."""
+    """A resume: both networks, Adam's state, the random states, and the replay buffer where the checkpoint has it.
+    Returns global_step and the step after which gradient steps start (a new run: 0 and --learning-starts)."""
     ckpt = run.ckpt
+    if ckpt is None:
+        return 0, args.learning_starts
     q_network.load_state_dict(ckpt["model"])
     target_network.load_state_dict(ckpt["target_model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -747,7 +672,9 @@ def restore_run(args: Args, run, q_network, target_network, optimizer, explore_r
     rb.rng.bit_generator.state = ckpt["rng"]["buffer"]
     saved_buffer = ckpt.pop("replay_buffer")
     if saved_buffer is not None:
-        rb.load_state_dict(saved_buffer)
+        for name in REPLAY_ARRAYS:
+            getattr(rb, name)[...] = saved_buffer[name].numpy()
+        rb.pos, rb.size = saved_buffer["pos"], saved_buffer["size"]
     else:  # the experience is lost: gather learning_starts steps again before the next gradient step
         train_from = max(train_from, global_step + args.learning_starts)
     refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps)" if saved_buffer is None else ""
@@ -755,26 +682,50 @@ def restore_run(args: Args, run, q_network, target_network, optimizer, explore_r
     return global_step, train_from
 
 
-def write_checkpoint(args: Args, run, q_network, target_network, optimizer, rb: ReplayBuffer, explore_rng, global_step: int):
-    """runs/<run>/checkpoint.pt: both networks, Adam's state, the replay buffer with --save-buffer, the random states."""
-    save_checkpoint(
-        os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
-        model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict(),
-        replay_buffer=rb.state_dict() if args.save_buffer else None, global_step=global_step,
-        rng={**rng_state(run.device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state},
-    )  # fmt: skip
-    if run.stop and not args.save_buffer:  # said at a stop, just before the resume command
-        print(
-            f"the replay buffer is not in the checkpoint (no --save-buffer): the resumed run refills it for "
-            f"--learning-starts {args.learning_starts:,} steps before training again"
-        )
+def log_training(args: Args, run, stats: dict, num_updates: int, epsilon: float, global_step: int) -> None:
+    """Every --log-every steps: the interval's mean of each update statistic (one host sync; a NaN or inf ends the run
+    in one line), epsilon, and charts/SPS with the progress line."""
+    if num_updates:
+        means = torch.stack([total / num_updates for total in stats.values()]).tolist()
+        for name, value in check_training(dict(zip(stats, means, strict=True)), global_step).items():
+            run.writer.add_scalar(f"losses/{name}", value, global_step)
+    run.writer.add_scalar("charts/epsilon", epsilon, global_step)
+    run.progress.log(run.writer, global_step, global_step, force=global_step >= args.total_timesteps)
 
 
-def end_run(args: Args, run, envs, q_network, global_step: int, env_seconds: float, update_seconds: float) -> None:
+def evaluate_checkpoint_or_exit(
+    args, run, envs, global_step: int, q_network, target_network, optimizer, rb, explore_rng
+) -> None:
+    """The end of each step: an evaluation every --eval-every steps; runs/<run>/checkpoint.pt (both networks, Adam's
+    state, the replay buffer with --save-buffer, the random states) every --checkpoint-every steps and at a stop request
+    (Ctrl-C, SIGTERM), which then ends the run with the command that resumes it."""
+    if crossed(global_step, args.num_envs, args.eval_every):
+        with run.progress.paused():
+            returns = evaluate(q_network, args, run.device, video_path(args, run.run_dir, global_step))
+            log_eval(run.writer, returns, global_step)
+    if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
+        # torch.from_numpy shares the memory: torch.save writes a 7 GB buffer without copying it first
+        buffer = {name: torch.from_numpy(getattr(rb, name)) for name in REPLAY_ARRAYS} | {"pos": rb.pos, "size": rb.size}
+        save_checkpoint(
+            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
+            model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict(),
+            replay_buffer=buffer if args.save_buffer else None, global_step=global_step,
+            rng={**rng_state(run.device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state},
+        )  # fmt: skip
+    if run.stop:
+        if not args.save_buffer:  # said just before the resume command
+            print(
+                f"the replay buffer is not in the checkpoint (no --save-buffer): the resumed run refills it for "
+                f"--learning-starts {args.learning_starts:,} steps before training again"
+            )
+        stop_and_exit(run.stop, run.writer, envs, args, run.run_dir, f"step {global_step:,}")
+
+
+def end_run(args: Args, run, envs, q_network, global_step: int, seconds: dict) -> None:
     """Where the training time went; with --save-model, the final model saved, reloaded from disk and evaluated."""
     envs.close()
     train_seconds = max(time.time() - run.progress.start_time - run.progress.paused_seconds, 1e-9)
-    env, updates = 100 * env_seconds / train_seconds, 100 * update_seconds / train_seconds
+    env, updates = 100 * seconds["env"] / train_seconds, 100 * seconds["update"] / train_seconds
     print(f"time: env steps {env:.0f}%, updates {updates:.0f}%, acting and replay writes {100 - env - updates:.0f}%")
     if args.save_model:
         model_path = os.path.join(run.run_dir, "dqn.model")

@@ -51,13 +51,20 @@ def test_qnetwork_keeps_pytorch_default_init_as_cleanrl(obs_shape):
 
 
 def test_exploration_and_the_replay_buffer_draw_from_independent_streams():
-    explore_rng, buffer_rng = dqn.exploration_and_replay_rngs(1)
+    """As main makes them: the epsilon-greedy generator and the buffer's, from the two seeds spawned from one."""
+
+    def streams(seed):
+        explore_seed, replay_seed = np.random.SeedSequence(seed).spawn(2)
+        rb = dqn.ReplayBuffer(8, 1, gym.spaces.Box(-1.0, 1.0, (4,), np.float32), False, replay_seed)
+        return np.random.default_rng(explore_seed), rb.rng
+
+    explore_rng, buffer_rng = streams(1)
     draws = explore_rng.random(1000), buffer_rng.random(1000)
     assert abs(np.corrcoef(*draws)[0, 1]) < 0.1  # two generators seeded alike would draw the very same numbers
     assert not np.array_equal(draws[1], np.random.default_rng(1).random(1000))
-    again = dqn.exploration_and_replay_rngs(1)
-    assert [rng.random() for rng in again] == [rng.random() for rng in dqn.exploration_and_replay_rngs(1)]
-    assert again[0].random() != dqn.exploration_and_replay_rngs(2)[0].random()
+    again = streams(1)
+    assert [rng.random() for rng in again] == [rng.random() for rng in streams(1)]
+    assert again[0].random() != streams(2)[0].random()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -70,8 +77,8 @@ def fill_buffer(envs, is_atari, capacity, steps, check_every, seed=0):
     obs, _ = envs.reset()
     num_envs = obs.shape[0]
     stack = obs.shape[1] if is_atari else 1
-    rb = dqn.ReplayBuffer(capacity, num_envs, obs.shape[1:], obs.dtype, stack, seed)
-    rb.start(obs)
+    rb = dqn.ReplayBuffer(capacity, num_envs, envs.single_observation_space, is_atari, seed)
+    rb.add_obs(obs, True)
     rng = np.random.default_rng(seed)
     obs_hist, action_hist, reward_hist, term_hist = [obs.copy()], [], [None], [None]
     done_hist = [np.zeros(num_envs, dtype=bool)]  # done returned with obs k: transition k is the reset step
@@ -116,9 +123,10 @@ def fill_buffer(envs, is_atari, capacity, steps, check_every, seed=0):
                 assert rb.terminations[s, e] == 0
             counts["checked"] += 1
         # sample() draws only from the sampleable transitions
-        b_obs, b_actions, b_rewards, b_next, b_terms = rb.sample(64, torch.device("cpu"))
+        batch = rb.sample(64, torch.device("cpu"))
         pairs = {(o.tobytes(), n.tobytes()) for o, n in zip(got_obs, got_next, strict=True)}
-        assert all((o.numpy().tobytes(), n.numpy().tobytes()) in pairs for o, n in zip(b_obs, b_next, strict=True))
+        sampled = zip(batch["obs"], batch["next_obs"], strict=True)
+        assert all((o.numpy().tobytes(), n.numpy().tobytes()) in pairs for o, n in sampled)
     envs.close()
     return counts
 
@@ -161,10 +169,10 @@ def test_auto_backend_is_gymnasium_for_classic_control_envs_cheap_enough_in_pyth
 
 def test_atari_buffer_of_a_million_transitions_stays_under_7_1_gb():
     # np.zeros maps the memory lazily: nothing is touched here (benchmark/dqn.sh measures the filled buffer). The
-    # arrays the buffer holds are counted, not its own nbytes(): every frame once, and the five small fields per slot
-    rb = dqn.ReplayBuffer(1_000_000, 1, (4, 84, 84), np.uint8, 4, 0)
+    # arrays the buffer holds are counted: every frame once, and the five small fields per slot
+    rb = dqn.ReplayBuffer(1_000_000, 1, gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), True, 0)
     arrays = [a for a in vars(rb).values() if isinstance(a, np.ndarray)]
-    assert sum(a.nbytes for a in arrays) == rb.nbytes() == 1_000_000 * (84 * 84 + 8 + 4 + 4 + 1 + 1) < 7.1e9
+    assert sum(a.nbytes for a in arrays) == 1_000_000 * (84 * 84 + 8 + 4 + 4 + 1 + 1) < 7.1e9
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(double_q=True, loss="huber", max_grad_norm=0.5)])
@@ -192,7 +200,8 @@ def test_compiled_update_and_acting_step_equal_the_eager_ones(flags):
             obs, next_obs = torch.randn(64, 4, generator=gen), torch.randn(64, 4, generator=gen)
             actions = torch.randint(0, 3, (64,), generator=gen)
             rewards, terms = torch.randn(64, generator=gen), (torch.rand(64, generator=gen) < 0.2).float()
-            logged.append(update(obs, actions, rewards, next_obs, terms))
+            out = update(dict(obs=obs, actions=actions, rewards=rewards, next_obs=next_obs, terminations=terms))
+            logged.append(torch.stack([out["td_loss"], out["q_values"]]))
         runs[compiled] = torch.stack(logged), [p.detach().clone() for p in q_network.parameters()], greedy
     (eager_logged, eager_params, eager_greedy), (logged, params, greedy) = runs[False], runs[True]
     assert torch.allclose(logged, eager_logged, atol=1e-5), (logged, eager_logged)
@@ -265,7 +274,7 @@ def test_help_says_a_resume_without_the_buffer_refills_it(capsys):
     with pytest.raises(SystemExit):
         dqn.parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.replace("│", " ").split())
-    assert "a resumed run refills the buffer for --learning-starts steps before training again" in help_text
+    assert "a resumed run refills it for --learning-starts steps before training" in help_text
 
 
 @pytest.mark.parametrize("sig, save_buffer", [(signal.SIGTERM, False), (signal.SIGKILL, True)])
