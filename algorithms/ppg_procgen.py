@@ -1,15 +1,14 @@
-"""PPG, Phasic Policy Gradient (Cobbe et al. 2021), on Procgen through envpool; benchmark: `bash benchmark/ppg_procgen.sh`.
+"""PPG, Phasic Policy Gradient (Cobbe et al. 2021), on Procgen through envpool (benchmark/ppg_procgen.sh).
 
-Reading guide: from here to the line `# The algorithm ends here`, the algorithm (Args, the IMPALA networks, the maths,
-both phases' updates, `main`); below it, this file's machinery (presets, envs, checks, torchrun, evaluation, checkpoints,
-start_run, end_run), then the run plumbing all eight files share. More in docs/ppg_procgen.md."""
+Reading guide: to the line `# The algorithm ends here`, the whole algorithm (Args, networks, maths, updates,
+main); below it, the plumbing main calls by name, then that of all eight files. More in docs/ppg_procgen.md"""
 
 import os
 import time
 from dataclasses import dataclass
 from typing import Literal
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -24,15 +23,15 @@ from torch.nn import functional as F
 class Args:
     # --- algorithm: the task and the policy phase (PPO); the docs page's "Flags that matter" says more ---
     env_id: str = "StarpilotEasy-v0"
-    """envpool Procgen id (StarpilotEasy-v0, BigfishHard-v0, ...), or a game's procgen name (starpilot), its Easy variant"""
+    """envpool Procgen id (StarpilotEasy-v0, BigfishHard-v0, ...) or procgen name (starpilot: its Easy one)"""
     num_levels: int = 0
-    """levels to train and evaluate on (0: unlimited, the paper's setting; a small number for a fixed set of levels)"""
+    """levels to train and evaluate on (0: unlimited, the paper's setting; else a fixed set of levels)"""
     start_level: int = 0
     """seed of the first level of the set (with --num-levels)"""
     arch: Literal["dual", "detach"] = "dual"
-    """dual: the paper's PPG, a value network of its own; detach: one CNN, the value head on stopped-gradient features"""
+    """dual: the paper's PPG, a value network of its own; detach: one CNN, the value head on its features"""
     total_timesteps: int = 25_000_000
-    """total env steps over all envs; may be raised on --resume to extend a run (--anneal-lr then follows the new total)"""
+    """total env steps over all envs; a --resume may raise it (--anneal-lr then follows the new total)"""
     learning_rate: float = 5e-4
     """Adam learning rate of the policy phase"""
     num_envs: int = 64
@@ -61,11 +60,11 @@ class Args:
     """scale rewards by the running std of the discounted return (clipped to +-10), as the reference"""
     # --- algorithm: auxiliary phase ---
     preset: Literal["paper", "small"] = "paper"
-    """paper: the reference's settings (N_pi 32, a 6.4 GB phase); small: N_pi 8 (1.6 GB), a little behind in the paper"""
+    """paper: the reference's settings (N_pi 32, a 6.4 GB phase); small: N_pi 8 (1.6 GB), a little behind"""
     n_pi: int = 32
-    """N_pi: policy iterations per phase, whose frames the auxiliary phase keeps (6.4 GB at 32, 1.6 GB at 8)"""
+    """N_pi: policy iterations per phase, whose frames the auxiliary phase trains on (6.4 GB at 32)"""
     e_aux: int = 6
-    """E_aux: auxiliary epochs over the phase's frames (0: no auxiliary phase, PPO with a separate value network)"""
+    """E_aux: auxiliary epochs over the phase's frames (0: none, PPO with a separate value network)"""
     aux_learning_rate: float = 5e-4
     """Adam learning rate of the auxiliary phase (its own optimiser, as the reference)"""
     aux_rollouts: int = 4
@@ -84,27 +83,27 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available (the phase's frames then live on the GPU)"""
     chunk_size: int = 0
-    """observations per forward/backward pass in a minibatch, the same update (0: 32 on CPU, 128 with --bf16; CUDA: all)"""
+    """observations per forward-backward pass of a minibatch (0: 32 on CPU, 128 with --bf16; CUDA: all)"""
     compile: bool = False
-    """torch.compile the acting step, both phases' minibatch chunks and optimiser steps (off: the eager code is to read)"""
+    """torch.compile the acting step, both phases' chunks and optimiser steps (off: the eager code reads)"""
     cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead"); needs CUDA, implies --compile"""
     bf16: bool = False
-    """the IMPALA trunks in bfloat16 autocast, both phases; weights, heads and losses stay float32 (docs/speed.md)"""
+    """the IMPALA trunks in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 (its 64x64 observations) to runs/<run>/videos"""
     save_model: bool = False
     """save the final model to runs/<run>/ppg_procgen.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env)"""
     eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
+    """evaluate the greedy policy (argmax); off: the sampled policy, the one trained and reported"""
     checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps, mid-phase with the phase's frames (0: only on a stop)"""
+    """write runs/<run>/checkpoint.pt every this many env steps, with the phase's frames (0: on a stop)"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """a checkpoint.pt to resume from; the run goes on in its directory, with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
     # --- computed at start-up (world_size in check_args, the others in derived_sizes) ---
@@ -115,19 +114,13 @@ class Args:
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
     world_size: tyro.conf.Suppress[int] = 1
-    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
-
-
-def derived_sizes(args: Args) -> None:  # check_args calls it, then refuses the sizes that do not fit
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
+    """processes training together (WORLD_SIZE under torchrun), each with num_envs / world_size (computed)"""
 
 
 # Networks: the reference's (openai/phasic-policy-gradient) IMPALA CNN, init and head scales
 def normed_init(layer: nn.Module, scale: float = 1.0) -> nn.Module:
-    # The reference's init (phasic_policy_gradient/torch_util.py, NormedLinear / NormedConv2d): PyTorch's default
-    # weights rescaled so that each output unit's fan-in weights have norm `scale`; zero biases
+    # The reference's init (phasic_policy_gradient/torch_util.py, NormedLinear / NormedConv2d): PyTorch's
+    # default weights rescaled so that each output unit's fan-in weights have norm `scale`; zero biases
     with torch.no_grad():
         dims = tuple(range(1, layer.weight.dim()))
         layer.weight.mul_(scale / layer.weight.norm(p=2, dim=dims, keepdim=True))
@@ -146,27 +139,29 @@ class ResidualBlock(nn.Module):
 
 
 class ImpalaCNN(nn.Sequential):
-    """Espeholt et al. 2018: three stacks (conv 3x3, max-pool 3x3 stride 2, two residual blocks) of 16, 32, 32 channels,
-    then 256 ReLU units; scales as the reference's impala_cnn.py: 1/sqrt(3) per stack, 1.4 on the dense layer."""
+    """Espeholt et al. 2018: three stacks (conv 3x3, max-pool 3x3 stride 2, two residual blocks) of 16, 32, 32
+    channels, then 256 ReLU units; scales as the reference's impala_cnn.py: 1/sqrt(3) per stack, 1.4 dense."""
 
     def __init__(self, obs_shape: tuple, chans=(16, 32, 32), out_size: int = 256, blocks: int = 2):
-        layers, channels, height, width = [], obs_shape[0], obs_shape[1], obs_shape[2]
+        layers = []
+        channels, height, width = obs_shape
         stack_scale = 1 / np.sqrt(len(chans))
         for out in chans:
-            layers += [normed_init(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1)]
+            conv = normed_init(nn.Conv2d(channels, out, 3, padding=1))
+            layers += [conv, nn.MaxPool2d(3, stride=2, padding=1)]
             layers += [ResidualBlock(out, stack_scale / np.sqrt(blocks)) for _ in range(blocks)]
             channels, height, width = out, (height + 1) // 2, (width + 1) // 2
-        layers += [nn.Flatten(), nn.ReLU(), normed_init(nn.Linear(channels * height * width, out_size), 1.4), nn.ReLU()]
-        super().__init__(*layers)
+        dense = normed_init(nn.Linear(channels * height * width, out_size), 1.4)
+        super().__init__(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
 class Agent(nn.Module):
-    """Policy network (IMPALA CNN, policy and auxiliary value heads) and value head, on a CNN of its own ('dual', the
-    paper's PPG) or on the policy's features with the gradient stopped ('detach', CleanRL's ppg_procgen.py)."""
+    """Policy network (IMPALA CNN, policy and auxiliary value heads) and value head, on a CNN of its own
+    ('dual', the paper's PPG) or on the policy's features, gradient stopped ('detach', CleanRL's)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, arch: str = "dual", bf16: bool = False):
         super().__init__()
-        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunks' input; --bf16: they run in bfloat16 autocast
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunks' input (--bf16: in autocast)
         self.policy_net = ImpalaCNN(obs_space.shape)
         self.value_net = ImpalaCNN(obs_space.shape) if arch == "dual" else None
         self.actor = normed_init(nn.Linear(256, int(action_space.n)), 0.1)
@@ -176,12 +171,12 @@ class Agent(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def frames(self, x: torch.Tensor) -> torch.Tensor:
-        # frames stay uint8 in storage and become float (--bf16: bfloat16) only here, laid out channels-last as uint8
+        # frames stay uint8 in storage, float (--bf16: bfloat16) only here, laid out channels-last as uint8
         return x.contiguous(memory_format=torch.channels_last).to(self.dtype) / 255.0
 
     def features(self, cnn: ImpalaCNN, x: torch.Tensor) -> torch.Tensor:
-        # --bf16: the trunk in bfloat16 autocast (weights stay float32); its features leave it float32, for the heads
-        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+        # --bf16: the trunk in bfloat16 autocast (weights stay float32); float32 features for the heads
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
             return cnn(x).float()
 
     def value_features(self, x: torch.Tensor, policy_features: torch.Tensor | None = None) -> torch.Tensor:
@@ -194,7 +189,8 @@ class Agent(nn.Module):
         """Policy logits, auxiliary value and value, with one pass through each CNN."""
         x = self.frames(x)
         h = self.features(self.policy_net, x)
-        return self.actor(h), self.aux_critic(h).squeeze(-1), self.critic(self.value_features(x, h)).squeeze(-1)
+        logits, aux_value = self.actor(h), self.aux_critic(h).squeeze(-1)
+        return logits, aux_value, self.critic(self.value_features(x, h)).squeeze(-1)
 
     def policy(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Policy logits and the auxiliary value, both from the policy network."""
@@ -212,7 +208,7 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), value
 
 
-# The algorithm's maths: reward scaling, GAE, both phases' losses
+# The algorithm's maths: the reward statistics and scaling, GAE, both phases' losses
 def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
     delta = batch_mean - mean
@@ -222,18 +218,55 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
+def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
+    process: its own rows, as they are."""
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
+
+
+class RunningMeanStd:
+    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's
+    rows arrive (half the time of tensor operations on a row, docs/speed.md). Under torchrun, of every
+    process's rows in process order: every process keeps those one process with all the envs would."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var = np.zeros(shape), np.ones(shape)
+        self.count = 1e-4  # as gymnasium's wrappers
+        self.device = device  # where processes exchange their rows
+        self.world_size = world_size
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        moments = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+        self.mean, self.var, self.count = moments
+
+    def state_dict(self) -> dict:
+        count = torch.tensor(self.count, dtype=torch.float64)
+        return dict(mean=torch.from_numpy(self.mean), var=torch.from_numpy(self.var), count=count)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var = state["mean"].double().numpy(), state["var"].double().numpy()
+        self.count = float(state["count"])
+
+
 def scale_reward(reward, discounted_return, done, rms: "RunningMeanStd", gamma: float, clip: float = 10.0):
-    """Rewards (numpy rows) over the running std of the discounted return (Huang et al. 2022, continuous detail 8),
-    clipped; and the return for the next step. Every step counts, the reset step too (docs/ppo.md, on --norm-reward)."""
+    """Rewards (numpy rows) over the running std of the discounted return (Huang et al. 2022, continuous
+    detail 8), clipped; and the return for the next step. Every step counts, the reset step too."""
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return[:, None])
     return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
 
 
 def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
-    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
-    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
+    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With
+    next-step autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a
+    termination does not; `dones` cuts the recursion, and the reset step after it (valid 0) gets 0."""
     num_steps = rewards.shape[0]
     advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(num_steps)):
@@ -245,31 +278,39 @@ def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: 
 
 
 def normalize_advantages(advantages: torch.Tensor, valid: torch.Tensor, world_size: int = 1) -> torch.Tensor:
-    """Once per batch (under torchrun, every process's), before the minibatches, reset steps excluded (compute_advantage)."""
+    """Once per batch (all processes'), before the minibatches, without reset steps (compute_advantage)."""
     moments = torch.stack([valid.sum(), (advantages * valid).sum()])
     if world_size > 1:
         dist.all_reduce(moments)
-    count, mean = moments[0], moments[1] / moments[0]
+    count = moments[0]
+    mean = moments[1] / count
     squares = ((advantages - mean) ** 2 * valid).sum()
     if world_size > 1:
         dist.all_reduce(squares)
     return (advantages - mean) / ((squares / count).sqrt() + 1e-8) * valid
 
 
-def policy_loss(logits, actions, oldlogprob, advantages, newvalue, returns, mask, count, clip_coef, ent_coef, vf_coef):
-    """Clipped surrogate - entropy bonus + value loss over a chunk, as means over the minibatch's `count` valid entries
-    (the chunks' losses add up); returns it and the detached (policy loss, value loss, entropy, approx KL, clip fraction)."""
+POLICY_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")  # the policy phase's terms
+AUX_STATS = ("aux_value_loss", "bc_kl", "aux_true_value_loss")  # the auxiliary phase's
+
+
+def policy_loss(
+    logits, actions, oldlogprob, advantages, newvalue, returns, mask, count, clip_coef, ent_coef, vf_coef
+):  # fmt: skip
+    """Clipped surrogate - entropy bonus + value loss over a chunk, as means over the minibatch's `count`
+    valid entries (the chunks' losses add up); returns it and the detached terms, in POLICY_STATS' order."""
     dist = torch.distributions.Categorical(logits=logits, validate_args=False)
     logratio = dist.log_prob(actions) - oldlogprob
     ratio = logratio.exp()
     pg = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
     v = 0.5 * (newvalue - returns) ** 2  # no value clipping: the reference has none
     entropy = dist.entropy()
-    with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
-        approx_kl, clipped = (ratio - 1) - logratio, ((ratio - 1.0).abs() > clip_coef).float()
-    terms = torch.stack([pg, v, entropy, approx_kl, clipped]) * mask
-    sums = terms.sum(1) / count
-    return sums[0] - ent_coef * sums[2] + vf_coef * sums[1], sums.detach()
+    with torch.no_grad():
+        approx_kl = (ratio - 1) - logratio  # Schulman's estimator k3, http://joschu.net/blog/kl-approx.html
+        clipped = ((ratio - 1.0).abs() > clip_coef).float()
+    sums = (torch.stack([pg, v, entropy, approx_kl, clipped]) * mask).sum(1) / count
+    mean = dict(zip(POLICY_STATS, sums, strict=True))
+    return mean["policy_loss"] - ent_coef * mean["entropy"] + vf_coef * mean["value_loss"], sums.detach()
 
 
 def categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.Tensor:
@@ -279,23 +320,62 @@ def categorical_kl(old_logits: torch.Tensor, new_logits: torch.Tensor) -> torch.
     return (old_logp.exp() * (old_logp - new_logp)).sum(-1)
 
 
-def aux_loss(logits, old_logits, aux_value, value, returns, mask, count, beta_clone: float, vf_true_weight: float):
-    """Cobbe et al. 2021, eq. 2 and 4: 0.5 (V_aux - R)^2 (policy network) + beta_clone KL(pi_old || pi) + vf_true_weight
-    0.5 (V - R)^2 (value network), means as in policy_loss; returns the loss and the three terms, detached."""
-    terms = torch.stack([0.5 * (aux_value - returns) ** 2, categorical_kl(old_logits, logits), 0.5 * (value - returns) ** 2])
+def aux_loss(logits, old_logits, aux_value, value, returns, mask, count, beta_clone, vf_true_weight):
+    """Cobbe et al. 2021, eq. 2 and 4: 0.5 (V_aux - R)^2 (policy network) + beta_clone KL(pi_old || pi) +
+    vf_true_weight 0.5 (V - R)^2 (value network), means as in policy_loss; the loss and terms (AUX_STATS)."""
+    aux_value_loss = 0.5 * (aux_value - returns) ** 2
+    terms = torch.stack([aux_value_loss, categorical_kl(old_logits, logits), 0.5 * (value - returns) ** 2])
     sums = (terms * mask).sum(1) / count
-    return sums[0] + beta_clone * sums[1] + vf_true_weight * sums[2], sums.detach()
+    mean = dict(zip(AUX_STATS, sums, strict=True))
+    loss = mean["aux_value_loss"] + beta_clone * mean["bc_kl"] + vf_true_weight * mean["aux_true_value_loss"]
+    return loss, sums.detach()
 
 
-def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step, a chunk of either phase's minibatch (the chunks' gradients add up), either phase's step."""
+# The update: the optimiser step, both phases' minibatches
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def average_gradients(parameters, world_size: int) -> None:
+    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
+    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
+    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
+    """Linear decay from learning_rate at iteration 1 to 0 after the last (Huang et al. 2022, detail 4)."""
+    if not anneal:
+        return learning_rate
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+
+
+def anneal_learning_rates(optimizer, aux_optimizer, iteration: int, args: Args) -> None:
+    """Both phases' rates at a policy iteration, annealed (--anneal-lr) over the whole run, not each phase."""
+    for opt, base in ((optimizer, args.learning_rate), (aux_optimizer, args.aux_learning_rate)):
+        lr = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
+        group = opt.param_groups[0]  # compiled: a tensor rate, filled in place, so nothing compiles again
+        group["lr"] = group["lr"].fill_(lr) if args.compile else lr
+
+
+def training_steps(agent: Agent, optimizer, aux_optimizer, args: Args) -> dict:
+    """The acting step, a chunk of either phase's minibatch (their gradients add up), each phase's step."""
     params = list(agent.parameters())
 
     def policy_chunk(obs, actions, logprobs, advantages, returns, valid, count):
         logits, _, newvalue = agent(obs)
-        loss, sums = policy_loss(
-            logits, actions, logprobs, advantages, newvalue, returns, valid, count, args.clip_coef, args.ent_coef, args.vf_coef
-        )
+        loss, sums = policy_loss(logits, actions, logprobs, advantages, newvalue, returns, valid, count,
+                                 args.clip_coef, args.ent_coef, args.vf_coef)  # fmt: skip
         loss.backward()
         return sums
 
@@ -307,23 +387,28 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, aux_optimizer
         loss.backward()
         return sums
 
-    def policy_step():
+    def step(opt):  # either phase's: its own Adam
         if args.world_size > 1:  # every process takes the same step: the mean of all processes' gradients
             average_gradients(params, args.world_size)
-        optimizer_step(optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+        optimizer_step(opt, params, args.max_grad_norm, set_to_none=not args.compile)
 
-    def aux_step():
-        if args.world_size > 1:
-            average_gradients(params, args.world_size)
-        optimizer_step(aux_optimizer, params, args.max_grad_norm, set_to_none=not args.compile)
+    steps = dict(act=agent.act, policy_chunk=policy_chunk, policy_step=lambda: step(optimizer))
+    steps.update(aux_chunk=aux_chunk, aux_step=lambda: step(aux_optimizer))
+    if not args.compile:
+        return steps
+    # --compile, as LeanRL: the same code, traced once, a graph per shape. Gradients allocated once, zeroed in
+    # place: with CUDA graph trees, the next chunk's replay would overwrite them (pytorch/pytorch#169545)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
 
-    steps = dict(act=agent.act, policy_chunk=policy_chunk, policy_step=policy_step, aux_chunk=aux_chunk, aux_step=aux_step)
-    return compile_steps(steps, params, args) if args.compile else steps
 
-
-def policy_update(steps: dict, batch: dict, args: Args) -> torch.Tensor:
-    """PPO on one rollout (this process's share): E_pi epochs of minibatches in chunks; returns the mean loss terms."""
-    stats, num_updates, size = torch.zeros(5, device=batch["obs"].device), 0, len(batch["obs"])
+def policy_update(steps: dict, batch: dict, args: Args) -> dict:
+    """PPO on one rollout (this process's share): E_pi epochs of minibatches in chunks; mean loss terms."""
+    size = len(batch["obs"])
+    stats = torch.zeros(len(POLICY_STATS), device=batch["obs"].device)
+    num_updates = 0
     for _epoch in range(args.update_epochs):
         perm = torch.randperm(size, device=batch["obs"].device)
         for mb in perm.split(size // args.num_minibatches):
@@ -332,11 +417,11 @@ def policy_update(steps: dict, batch: dict, args: Args) -> torch.Tensor:
                 stats += steps["policy_chunk"](**{k: v[chunk] for k, v in batch.items()}, count=count)
             steps["policy_step"]()
             num_updates += 1
-    return stats / num_updates
+    return dict(zip(POLICY_STATS, stats / num_updates, strict=True))
 
 
 def old_policy_logits(agent: Agent, phase_obs: torch.Tensor, chunk: int) -> torch.Tensor:
-    """The policy before the auxiliary phase on the phase's frames (compute_presleep_outputs), into one tensor."""
+    """The policy before the auxiliary phase on the phase's frames (compute_presleep_outputs), one tensor."""
     # preallocated: pieces joined at the end fragment the heap (+0.15 GB peak RSS with the defaults on a CPU)
     flat = phase_obs.reshape((-1,) + phase_obs.shape[-3:])
     logits = torch.empty((len(flat), agent.actor.out_features), device=flat.device)
@@ -347,12 +432,13 @@ def old_policy_logits(agent: Agent, phase_obs: torch.Tensor, chunk: int) -> torc
 
 
 def aux_update(steps: dict, phase: dict, slots, envs_idx, args: Args) -> torch.Tensor:
-    """One auxiliary minibatch: the rollouts' frames gathered (uint8) from the phase buffer, trained in chunks."""
+    """One auxiliary minibatch: the rollouts' frames gathered (uint8) from the phase, trained in chunks."""
     time_idx = torch.arange(phase["obs"].shape[1], device=slots.device)
-    index = (slots[:, None], time_idx[None, :], envs_idx[:, None])  # (rollouts, T): rollout by rollout, in time order
+    index = (slots[:, None], time_idx[None, :], envs_idx[:, None])  # (rollouts, T): whole rollouts in order
     obs, old_logits = (phase[k][index].flatten(0, 1) for k in ("obs", "old_logits"))
     returns, valid = phase["returns"][index].flatten(), phase["valid"][index].flatten()
-    count, sums = valid.sum().clamp(min=1.0), torch.zeros(3, device=valid.device)
+    count = valid.sum().clamp(min=1.0)
+    sums = torch.zeros(len(AUX_STATS), device=valid.device)
     for chunk in torch.arange(len(obs), device=valid.device).split(args.chunk_size):
         sums += steps["aux_chunk"](obs[chunk], old_logits[chunk], returns[chunk], valid[chunk], count)
     steps["aux_step"]()
@@ -360,133 +446,138 @@ def aux_update(steps: dict, phase: dict, slots, envs_idx, args: Args) -> torch.T
 
 
 def run_aux_phase(steps, phase, state, args, stop, writer, global_step):
-    """E_aux epochs over the phase's rollouts (this process's) in random minibatches of whole rollouts, from `state` on;
-    returns None at its end, or on a stop request the state to resume from (a stop does not wait an hour on a CPU)."""
-    num_envs, per_minibatch = phase["obs"].shape[2], args.aux_rollouts // args.world_size  # this process's share
-    rollouts, device = phase["obs"].shape[0] * num_envs, phase["obs"].device
+    """E_aux epochs over the phase's rollouts (this process's) in random minibatches of whole rollouts, from
+    `state` on; returns None at its end, or on a stop request (waiting no hour) the state to resume from."""
+    num_envs = phase["obs"].shape[2]
+    per_minibatch = args.aux_rollouts // args.world_size  # this process's share
+    rollouts = phase["obs"].shape[0] * num_envs
+    device = phase["obs"].device
     minibatches = -(-rollouts // per_minibatch)
-    old_logits = state["old_logits"].to(device).reshape(phase["obs"].shape[:3] + (-1,))
+    old_logits = state["old_logits"].reshape(phase["obs"].shape[:3] + (-1,))
     clock = dict(started=time.time(), last_print=time.time(), done_here=0)  # for the progress line
     while state["epoch"] < args.e_aux:
         if state["done"] == 0:
             state["perm"] = torch.randperm(rollouts, device=device)
-            state["sums"] = torch.zeros(3, device=device)
-        state["perm"], state["sums"] = state["perm"].to(device), state["sums"].to(device)
+            state["sums"] = torch.zeros(len(AUX_STATS), device=device)
         todo = state["perm"][state["done"] * per_minibatch :]
-        # minibatches of whole rollouts (env r % num_envs of iteration r // num_envs), as the reference's make_minibatches
+        # minibatches of whole rollouts (env r % num_envs of iteration r // num_envs), as make_minibatches
         for minibatch in todo.split(per_minibatch):
             slots, envs_idx = minibatch // num_envs, minibatch % num_envs
             state["sums"] += aux_update(steps, dict(phase, old_logits=old_logits), slots, envs_idx, args)
             state["done"] += 1
-            say_aux_progress(clock, state, minibatches, writer, args)
-            # under torchrun decided together: an all-reduce and a host sync per minibatch, small beside its frames
-            if stop_everywhere(stop, args.world_size, device):
+            if aux_minibatch_done(clock, state, minibatches, stop, writer, args):  # a stop asked
                 return state
-        # the last epoch's mean loss terms are the ones logged
-        aux_values = mean_over_processes(state["sums"] / minibatches, args.world_size).tolist()
         state["epoch"], state["done"] = state["epoch"] + 1, 0
-    if writer is not None:
-        log_aux_phase(writer, aux_values, clock, minibatches, global_step)
+    # the last epoch's mean loss terms
+    log_aux_phase(writer, state["sums"] / minibatches, clock, minibatches, global_step, args.world_size)
     return None
 
 
 def main(args: Args) -> None:
-    # --- set-up: checks, processes, device, run directory, writer (start_run); then the networks, optimisers, buffers ---
+    # --- set-up: checks, processes, device, run directory, writer, envs (start_run); networks, optimisers ---
     run = start_run(args)
-    device, rank, writer, stop = run.device, run.rank, run.writer, run.stop
-    agent = Agent(run.obs_space, run.action_space, args.arch, args.bf16).to(device)  # the same weights in every process
-    # an Adam per phase over both networks, default eps, as the reference; compiled: tensor rates, annealed without recompiling
-    rates = (args.learning_rate, args.aux_learning_rate)
-    lr0, aux_lr0 = (torch.tensor(lr, device=device) if args.compile else lr for lr in rates)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, fused=not args.compile)
-    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=aux_lr0, fused=not args.compile)
+    device = run.device
+    envs = run.envs  # this process's share of the envs: envpool's Procgen (make_env)
+    agent = Agent(run.obs_space, run.action_space, args.arch, args.bf16).to(device)  # alike in every process
+    # an Adam per phase over both networks, default eps, as the reference (compiled: tensor rates, annealed)
+    lr = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
+    aux_lr = torch.tensor(args.aux_learning_rate, device=device) if args.compile else args.aux_learning_rate
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, fused=not args.compile)
+    aux_optimizer = torch.optim.Adam(agent.parameters(), lr=aux_lr, fused=not args.compile)
     steps = training_steps(agent, optimizer, aux_optimizer, args)
     return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
-    # the phase's frames, kept once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its rollouts
-    # straight into them. Reset steps are kept (masked out of every loss): a fixed shape, whole rollouts in time order
-    slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs // args.world_size
-    phase = dict(obs=torch.empty((slots, T, N) + run.obs_space.shape, dtype=torch.uint8, device=device))
-    phase["returns"], phase["valid"] = torch.zeros((2, slots, T, N), device=device)
+    # the phase's frames, once, as uint8, on the device (GPU memory on CUDA); the policy phase writes its
+    # rollouts straight into them. Reset steps are kept, masked out of every loss: rollouts whole, in order
+    slots = args.n_pi if args.e_aux > 0 else 1
+    T = args.num_steps
+    N = args.num_envs // args.world_size
+    phase = dict(
+        obs=torch.empty((slots, T, N) + run.obs_space.shape, dtype=torch.uint8, device=device),
+        returns=torch.zeros((slots, T, N), device=device),
+        valid=torch.zeros((slots, T, N), device=device),
+    )
     if args.world_size > 1:  # torchrun: each process samples its own actions and minibatches
-        torch.manual_seed(args.seed + rank)
-    learner = (agent, optimizer, aux_optimizer, return_rms, phase)  # what a checkpoint holds
-    global_step, start_iteration, aux_state = restore_run(args, run, *learner)
+        torch.manual_seed(args.seed + run.rank)
+    # what a checkpoint holds; a resume puts it back and says where to go on from (0, 1, None for a new run)
+    learner = dict(agent=agent, optimizer=optimizer, aux_optimizer=aux_optimizer, return_rms=return_rms)
+    learner["phase"] = phase
+    global_step, start_iteration, aux_state = restore_run(args, run, **learner)
 
-    # envs are not restored by a resume, so its envs take a fresh seed; process r steps envs r*N .. r*N + N-1 of them
-    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
+    # --- the rollout's storage, (T, N) each; its frames go straight into the phase ---
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
-    logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
+    logprobs = torch.zeros((T, N), device=device)
+    values = torch.zeros((T, N), device=device)
+    rewards = torch.zeros((T, N), device=device)
+    terminations = torch.zeros((T, N), device=device)
+    dones = torch.zeros((T, N), device=device)
+    valid = torch.zeros((T, N), device=device)  # 0 on the reset step of next-step autoreset: no transition
     next_obs = torch.as_tensor(envs.reset()[0], device=device)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    discounted_return = np.zeros(N)
-    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
+    next_valid = np.ones(N, dtype=bool)
+    running_return = np.zeros(N)  # the reward scaling's discounted return
+    ep_return = np.zeros(N)
+    ep_length = np.zeros(N, dtype=np.int64)
 
     if aux_state is not None:  # resumed inside an auxiliary phase: its remaining minibatches come first
-        aux_state = resume_aux_phase(run, steps, learner, aux_state, global_step, start_iteration - 1, envs, args)
+        aux_state = run_aux_phase(steps, phase, aux_state, args, run.stop, run.writer, global_step)
+        # stopped again, the run ends here; the stopped run evaluated and checkpointed this step already
+        end_iteration(run, learner, aux_state, global_step, start_iteration - 1, args, steps_done=0)
 
     for iteration in range(start_iteration, args.num_iterations + 1):
-        slot, phase_number = (iteration - 1) % slots, (iteration - 1) // args.n_pi + 1
-        anneal_learning_rates(optimizer, aux_optimizer, iteration, args)  # when on, over the whole run's iterations
-        iteration_start = time.time()
+        slot = (iteration - 1) % slots
+        anneal_learning_rates(optimizer, aux_optimizer, iteration, args)  # if on, over the whole run
+        started = time.time()
 
         # --- policy phase: rollout, written into the phase buffer ---
-        obs, finished = phase["obs"][slot], []
+        obs = phase["obs"][slot]
+        finished = []  # the episodes that end: (step, returns, lengths)
         for step in range(T):
             global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
+            valid[step] = torch.as_tensor(next_valid)
             with torch.no_grad():
                 actions[step], logprobs[step], values[step] = steps["act"](next_obs)
-            next_obs_np, reward, term, trunc, info = finite_step(envs.step(actions[step].cpu().numpy()), global_step)
+            frames, reward, term, trunc, _ = finite_step(envs.step(actions[step].cpu().numpy()), global_step)
             done = term | trunc
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            ep_return += reward  # the raw score; the reset step adds 0 and is not counted
+            ep_length += next_valid
+            finished.append((global_step, ep_return[done], ep_length[done]))
+            ep_return[done] = 0.0
+            ep_length[done] = 0
             if return_rms is not None:
-                # the reference's RewardNormalizer discounts with its default 0.99; here with --gamma (see docs/ppg_procgen.md)
-                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            next_obs = torch.as_tensor(next_obs_np, device=device)
-            ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(
-                ep_return, ep_length, reward, next_valid, done
-            )
-            finished.append((global_step, fin_returns, fin_lengths))
+                # the reference's RewardNormalizer discounts with 0.99; here --gamma (docs/ppg_procgen.md)
+                reward, running_return = scale_reward(reward, running_return, done, return_rms, args.gamma)
+            rewards[step] = torch.as_tensor(reward)
+            terminations[step] = torch.as_tensor(term)
+            dones[step] = torch.as_tensor(done)
+            next_obs = torch.as_tensor(frames, device=device)
             next_valid = ~done
 
         # --- advantages, the phase's value targets, PPO update ---
         with torch.no_grad():
+            next_value = agent.value(next_obs)
             advantages, returns = compute_gae(
-                rewards, values, agent.value(next_obs), terminations, dones, valid, args.gamma, args.gae_lambda
+                rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda
             )
-        phase["returns"][slot], phase["valid"][slot] = returns, valid
-        batch = dict(
-            obs=obs.reshape((-1,) + run.obs_space.shape), actions=actions.reshape(-1), logprobs=logprobs.reshape(-1),
-            advantages=normalize_advantages(advantages, valid, args.world_size).reshape(-1), returns=returns.reshape(-1),
-            valid=valid.reshape(-1),
-        )  # fmt: skip
+        phase["returns"][slot] = returns
+        phase["valid"][slot] = valid
+        rollout = dict(obs=obs, actions=actions, logprobs=logprobs, returns=returns, valid=valid)
+        rollout["advantages"] = normalize_advantages(advantages, valid, args.world_size)  # once per batch
+        batch = {k: v.flatten(0, 1) for k, v in rollout.items()}  # (T * N, ...)
         stats = policy_update(steps, batch, args)
+        # process 0, with every process's episodes: one host sync per iteration
+        log_iteration(run, learner, finished, stats, values, batch, iteration, started, global_step, args)
 
-        # --- logging (process 0, with every process's episodes): one host sync per iteration ---
-        episodes = gather_episodes(finished, args.world_size)
-        if rank == 0:
-            log_policy_iteration(run, episodes, stats, values, batch, optimizer, iteration, iteration_start, global_step, args)
-
-        # --- auxiliary phase: after every N_pi policy iterations, but not after the last (the reference's loop) ---
+        # --- auxiliary phase: after every N_pi policy iterations, not after the last (the reference's) ---
         if args.e_aux > 0 and iteration % args.n_pi == 0 and iteration < args.num_iterations:
             old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
-            aux_state = dict(epoch=0, done=0, phase=phase_number, old_logits=old_logits)
-            aux_state = run_aux_phase(steps, phase, aux_state, args, stop, writer, global_step)
+            aux_state = dict(epoch=0, done=0, phase=iteration // args.n_pi, old_logits=old_logits)
+            aux_state = run_aux_phase(steps, phase, aux_state, args, run.stop, run.writer, global_step)
 
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            with run.progress.paused():
-                log_eval(writer, evaluate(agent, args, device, video_path(args, run.run_dir, global_step)), global_step)
-        if stop_everywhere(stop, args.world_size, device):  # the same answer on every process
-            checkpoint_and_stop(run, learner, aux_state, global_step, iteration, envs, args)
-        if crossed(global_step, args.batch_size, args.checkpoint_every):
-            write_checkpoint(args, run, *learner, aux_state, global_step, iteration)
+        # --- evaluation when due (process 0), then a stop if one is asked, else a checkpoint when due ---
+        end_iteration(run, learner, aux_state, global_step, iteration, args, steps_done=args.batch_size)
 
     # --- end: the final model (process 0) saved, reloaded from disk and evaluated ---
-    end_run(args, run, agent, envs, global_step)
+    end_run(args, run, agent, global_step)
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
@@ -588,21 +679,6 @@ def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_l
     )
 
 
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
-
-
 def bf16_note(device: torch.device) -> str:
     """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
     /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
@@ -623,11 +699,12 @@ def bf16_note(device: torch.device) -> str:
 def start_run(args: Args) -> types.SimpleNamespace:
     """The run's set-up before the networks: the env id and spaces, every check, the processes and device, the storage
     check and the checkpoint read, all before the run directory is made; then the run directory, the writer (process 0),
-    the progress line and the stop requests. Returns them, with the checkpoint, for main."""
+    the progress line, the stop requests and this process's envs. Returns them, with the checkpoint, for main."""
     args.env_id = procgen_env_id(args.env_id)
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
+    N = args.num_envs // args.world_size  # this process's envs
     small_network_threads(device, False)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
@@ -638,99 +715,75 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run_name = gather_objects(ckpt["run_name"] if ckpt else new_run_name(args), args.world_size)[0]
     run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
     if rank == 0:
-        say_device(device, f"stepping {args.num_envs // args.world_size} of the {args.num_envs} envs")
+        say_device(device, f"stepping {N} of the {args.num_envs} envs")
         if note:
             print(note, flush=True)
         if args.bf16 and (slow := bf16_note(device)):
             print(slow, flush=True)
     if ckpt is not None and ckpt["phase"][rank] is not None:  # missing frames: refused before the writer appends
-        rollout = args.num_steps * (args.num_envs // args.world_size) * int(np.prod(obs_space.shape))  # a phase slot
+        rollout = args.num_steps * N * int(np.prod(obs_space.shape))  # a phase slot
         check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * rollout)
     global_step = ckpt["global_step"] if ckpt else 0
     writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
+    # envs are not restored by a resume, so a resumed run's take a fresh seed; process r steps envs r*N .. r*N + N-1
+    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
     return types.SimpleNamespace(
         obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, run_dir=run_dir,
-        writer=writer, progress=Progress(args, global_step, args.total_timesteps), stop=stop_requests(),
+        writer=writer, progress=Progress(args, global_step, args.total_timesteps), stop=stop_requests(), envs=envs,
     )  # fmt: skip
 
 
-def compile_steps(steps: dict, params: list, args: Args) -> dict:
-    """training_steps' functions handed to torch.compile (--compile; LeanRL's approach: the same code, traced once)."""
-    # Compiled, the gradients are allocated once and zeroed in place: under CUDA graph trees a chunk's backward would
-    # leave them in the graph's memory, which the next chunk's replay overwrites (pytorch/pytorch#169545). A parameter
-    # that a phase's loss does not reach (the aux head in the policy phase) gets a zero gradient, and Adam's step on it is
-    # exactly 0. dynamic=False: one graph per shape; a minibatch's last, shorter chunk adds at most one (policy phase)
-    # or three (auxiliary phase, whose last minibatch can hold fewer rollouts) compiles, rather than a dynamic-shape graph
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
-
-
-def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float, set_to_none: bool = True) -> None:
-    if max_grad_norm > 0:
-        nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=set_to_none)
-
-
-def anneal_learning_rates(optimizer, aux_optimizer, iteration: int, args: Args) -> None:
-    """Both phases' rates at a policy iteration, annealed (with --anneal-lr) over the whole run, not each phase."""
-    for opt, base in ((optimizer, args.learning_rate), (aux_optimizer, args.aux_learning_rate)):
-        lr = annealed_lr(base, iteration, args.num_iterations, args.anneal_lr)
-        if args.compile:  # a tensor, filled in place, so that the compiled optimiser steps are not compiled again
-            opt.param_groups[0]["lr"].fill_(lr)
-        else:
-            opt.param_groups[0]["lr"] = lr
-
-
-def say_aux_progress(clock: dict, state: dict, minibatches: int, writer, args: Args) -> None:
-    """Process 0's progress line inside an auxiliary phase, every --progress-interval seconds: it takes minutes."""
+def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[int], writer, args: Args) -> bool:
+    """After each auxiliary minibatch: process 0's progress line, every --progress-interval seconds (a phase takes
+    minutes, hours on a CPU); returns whether to stop here, the same answer on every process (under torchrun an
+    all-reduce and a host sync per minibatch, small beside its frames)."""
     clock["done_here"] += 1
-    if writer is None or time.time() - clock["last_print"] <= args.progress_interval:
+    if writer is not None and time.time() - clock["last_print"] > args.progress_interval:
+        clock["last_print"] = time.time()
+        left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
+        eta = (time.time() - clock["started"]) / clock["done_here"] * left
+        print(
+            f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch "
+            f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
+            flush=True,
+        )
+    return stop_everywhere(stop, args.world_size, state["sums"].device)
+
+
+def log_aux_phase(writer, aux_means: torch.Tensor, clock: dict, minibatches: int, global_step: int, world_size: int):
+    """The log of an auxiliary phase, by process 0: the last epoch's loss terms, as the mean over the processes (every
+    process takes part), and its pace."""
+    aux_values = mean_over_processes(aux_means, world_size).tolist()
+    if writer is None:
         return
-    clock["last_print"] = time.time()
-    left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
-    eta = (time.time() - clock["started"]) / clock["done_here"] * left
-    print(
-        f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch "
-        f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
-        flush=True,
-    )
-
-
-def log_aux_phase(writer, aux_values: list, clock: dict, minibatches: int, global_step: int) -> None:
-    """Process 0's log of an auxiliary phase: the last epoch's loss terms, as the mean over the processes, and its pace."""
-    names = ("aux_value_loss", "bc_kl", "aux_true_value_loss")
-    for name, value in check_training(dict(zip(names, aux_values, strict=True)), global_step).items():
+    for name, value in check_training(dict(zip(AUX_STATS, aux_values, strict=True)), global_step).items():
         writer.add_scalar(f"losses/{name}", value, global_step)
     seconds = (time.time() - clock["started"]) / max(clock["done_here"] / minibatches, 1e-9)
     writer.add_scalar("charts/aux_epoch_seconds", seconds, global_step)
 
 
-def checkpoint_and_stop(run: types.SimpleNamespace, learner: tuple, aux_state, global_step: int, iteration: int, envs, args):
-    """A stop request, taken by every process at the same point: the checkpoint written, then the run left with the
-    command that resumes it."""
-    write_checkpoint(args, run, *learner, aux_state, global_step, iteration)
-    envs.close()
-    where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
-    stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, where)
+def end_iteration(run, learner: dict, aux_state, global_step: int, iteration: int, args: Args, steps_done: int) -> None:
+    """The end of an iteration: the evaluation when one is due (process 0); then a stop, if one is asked of any process
+    (every process at the same point: the checkpoint written, the run left with the command that resumes it), else the
+    checkpoint when one is due. steps_done: the env steps since the last call (0 right after a resume)."""
+    if run.rank == 0 and crossed(global_step, steps_done, args.eval_every):
+        video = video_path(args, run.run_dir, global_step)
+        with run.progress.paused():
+            log_eval(run.writer, evaluate(learner["agent"], args, run.device, video), global_step)
+    if stop_everywhere(run.stop, args.world_size, run.device):  # the same answer on every process
+        write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
+        run.envs.close()
+        where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
+        stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, where)
+    if crossed(global_step, steps_done, args.checkpoint_every):
+        write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
 
 
-def resume_aux_phase(run, steps: dict, learner: tuple, aux_state: dict, global_step: int, iteration: int, envs, args: Args):
-    """The rest of the auxiliary phase a resumed checkpoint stopped in; stopped again (every process at the same
-    minibatch), a checkpoint and the end of the run. Returns None, the state of a finished auxiliary phase."""
-    aux_state = run_aux_phase(steps, learner[-1], aux_state, args, run.stop, run.writer, global_step)
-    if aux_state is not None:
-        checkpoint_and_stop(run, learner, aux_state, global_step, iteration, envs, args)
-    return aux_state
-
-
-def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, envs, global_step: int) -> None:
+def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, global_step: int) -> None:
     """The run's end: envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then,
     with --save-model, process 0 writes the final model, reloads it from disk into a new agent and evaluates it, as a
     user who loads it evaluates it."""
-    envs.close()
+    run.envs.close()
     remove_old_phases(run.run_dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
     end_processes(args.world_size)
     if run.rank != 0:
@@ -746,51 +799,6 @@ def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, envs, global_s
     leave(args.world_size)
 
 
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
-    process: its own rows, as they are."""
-    if world_size == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts)
-
-
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
-    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
-    if not anneal:
-        return learning_rate
-    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -802,22 +810,25 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
 
 
-def log_policy_iteration(run, episodes, stats, values, batch, optimizer, iteration, started, global_step, args) -> None:
-    """Process 0's log of a policy iteration: every process's finished episodes at the steps they ended, the update's
-    mean losses, the explained variance of the value predictions, the learning rate, the phase, the policy phase's
-    speed and the progress line."""
+def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch, iteration, started, global_step, args):
+    """The log of a policy iteration, by process 0: every process's finished episodes (gathered, one exchange per
+    iteration) at the steps they ended, the update's mean losses, the explained variance of the value predictions, the
+    learning rate, the phase, the policy phase's speed and the progress line."""
+    episodes = gather_episodes(finished, args.world_size)
+    if run.rank != 0:
+        return
     writer, progress = run.writer, run.progress
     explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
     slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
     for step, fin_returns, fin_lengths in episodes:
         progress.log_episodes(writer, fin_returns, fin_lengths, step)
-    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
-    *losses, ev, total = torch.cat([stats, explained.reshape(1), parameter_sum(*run.nets)]).tolist()
-    check_training({**dict(zip(names, losses, strict=True)), "parameter sum": total}, global_step)
-    for name, value in zip((*names, "explained_variance"), (*losses, ev), strict=True):
+    on_device = [torch.stack(list(stats.values())), explained.reshape(1), parameter_sum(learner["agent"])]
+    *losses, ev, total = torch.cat(on_device).tolist()
+    check_training({**dict(zip(stats, losses, strict=True)), "parameter sum": total}, global_step)
+    for name, value in zip((*stats, "explained_variance"), (*losses, ev), strict=True):
         writer.add_scalar(f"losses/{name}", value, global_step)
     seconds, last = time.time() - started, iteration == args.num_iterations
-    writer.add_scalar("charts/learning_rate", float(optimizer.param_groups[0]["lr"]), global_step)
+    writer.add_scalar("charts/learning_rate", float(learner["optimizer"].param_groups[0]["lr"]), global_step)
     writer.add_scalar("charts/phase", phase_number, global_step)
     writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / seconds), global_step)
     progress.log(writer, global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
@@ -855,6 +866,12 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     phase = f"the phase ({slots} rollouts of --num-envs {N} x --num-steps {T} steps of {shape} frames)"
     fix = "pass --preset small (N_pi 8), or a smaller --n-pi, --num-envs or --num-steps"
     return {phase: (sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device, fix)}
+
+
+def derived_sizes(args: Args) -> None:  # check_args calls it, then refuses the sizes that do not fit
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
@@ -990,7 +1007,6 @@ def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, ph
     the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
     auxiliary phase's state (0, 1 and None for a new run)."""
     ckpt, rank, device, run_dir = run.ckpt, run.rank, run.device, run.run_dir
-    run.nets = (agent,)  # for log_policy_iteration's check of the weights
     if ckpt is None:
         return 0, 1, None
     rng = process_rng(ckpt, rank, args.world_size)  # a checkpoint of another number of processes: refused first
@@ -1003,6 +1019,8 @@ def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, ph
         load_phase(run_dir, ckpt["phase"][rank], phase)
     restore_rng(rng, device)
     aux_state = ckpt["aux"][rank] if ckpt["aux"] else None
+    if aux_state is not None:  # its permutation, loss sums and old logits, back on the device
+        aux_state = {k: v.to(device) if torch.is_tensor(v) else v for k, v in aux_state.items()}
     saved = ckpt["phase"][rank]
     if aux_state is None and saved and saved["filled"] == args.n_pi and ckpt["iteration"] < args.num_iterations:
         # the run ended with a whole phase, whose auxiliary phase its last iteration skipped (as the reference's loop
@@ -1060,20 +1078,6 @@ def lost_process_line(rank: int):
         )
 
     return hook
-
-
-def average_gradients(parameters, world_size: int) -> None:
-    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
-    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
-    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:

@@ -161,7 +161,7 @@ def compiled_and_eager_steps(obs: torch.Tensor, compiled: bool):
     )  # fmt: skip
     aux_sums = [ppg.aux_update(steps, phase, torch.tensor([1, 0]), torch.tensor([0, 0]), args) for _ in range(2)]
     weights = flat_params(agent)
-    return acted, torch.cat([policy_stats, *aux_sums]), weights
+    return acted, torch.cat([torch.stack(list(policy_stats.values())), *aux_sums]), weights
 
 
 def test_compiled_steps_give_what_the_eager_ones_give():
