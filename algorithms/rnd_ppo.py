@@ -684,33 +684,14 @@ CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    sticky_action_prob="[0, 1]",
-    max_episode_steps="[1, inf)",
-    total_timesteps="[1, inf)",
-    learning_rate="(0, inf)",
-    num_envs="[1, inf)",
-    num_steps="[1, inf)",
-    gamma="[0, 1]",
-    int_gamma="[0, 1]",
-    gae_lambda="[0, 1]",
-    num_minibatches="[1, inf)",
-    update_epochs="[1, inf)",
-    clip_coef="(0, inf)",
-    ent_coef="[0, inf)",
-    vf_coef="[0, inf)",
-    max_grad_norm="[0, inf)",
-    ext_coef="[0, inf)",
-    int_coef="[0, inf)",
-    update_proportion="(0, 1]",
-    num_iterations_obs_norm_init="[0, inf)",
-    chunk_size="[0, inf)",
+    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)", sticky_action_prob="[0, 1]", max_episode_steps="[1, inf)",
+    total_timesteps="[1, inf)", learning_rate="(0, inf)", num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]",
+    int_gamma="[0, 1]", gae_lambda="[0, 1]", num_minibatches="[1, inf)", update_epochs="[1, inf)",
+    clip_coef="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="[0, inf)", ext_coef="[0, inf)",
+    int_coef="[0, inf)", update_proportion="(0, 1]", num_iterations_obs_norm_init="[0, inf)", chunk_size="[0, inf)",
     rnn_size="[1, 16384]",
-)
+)  # fmt: skip
 
 
 def preset_defaults(argv: list[str]) -> Args:
