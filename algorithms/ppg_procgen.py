@@ -600,33 +600,13 @@ CHECKPOINT_FORMAT = 2
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
-    seed="[0, 1e9]",
-    num_levels="[0, 1e9]",
-    start_level="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    total_timesteps="[1, inf)",
-    learning_rate="(0, inf)",
-    num_envs="[1, inf)",
-    num_steps="[1, inf)",
-    gamma="[0, 1]",
-    gae_lambda="[0, 1]",
-    num_minibatches="[1, inf)",
-    update_epochs="[1, inf)",
-    clip_coef="(0, inf)",
-    ent_coef="[0, inf)",
-    vf_coef="[0, inf)",
-    max_grad_norm="[0, inf)",
-    n_pi="[1, inf)",
-    e_aux="[0, inf)",
-    aux_learning_rate="(0, inf)",
-    aux_rollouts="[1, inf)",
-    beta_clone="[0, inf)",
-    vf_true_weight="[0, inf)",
-    chunk_size="[0, inf)",
-)
+    seed="[0, 1e9]", num_levels="[0, 1e9]", start_level="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)",
+    checkpoint_every="[0, inf)", progress_interval="[0, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
+    num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", num_minibatches="[1, inf)",
+    update_epochs="[1, inf)", clip_coef="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="[0, inf)",
+    n_pi="[1, inf)", e_aux="[0, inf)", aux_learning_rate="(0, inf)", aux_rollouts="[1, inf)", beta_clone="[0, inf)",
+    vf_true_weight="[0, inf)", chunk_size="[0, inf)",
+)  # fmt: skip
 
 
 # paper: openai/phasic-policy-gradient train.py (the paper's settings, except gamma of the reward filter, see
