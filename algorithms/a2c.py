@@ -455,7 +455,7 @@ def main(args: Args) -> None:
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: presets, envs, evaluation, checks, torchrun helpers, the set-up, iterations' ends and end of a run
+# This file's machinery: presets, envs, evaluation, checks, torchrun helpers, and what main calls by name
 # ---------------------------------------------------------------------------------------------------------------
 import difflib
 import os
@@ -915,7 +915,7 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-# --- the set-up and the end of a run ---
+# --- what main calls: start_run, end_iteration (logging, evaluation, checkpoint, stop), end_run ---
 def start_run(args: Args) -> types.SimpleNamespace:
     """Everything before the networks: every check before the run directory is made; under torchrun, one process per
     share of the envs; the device, the storage check, the checkpoint read; then, on process 0 only (the one that writes
