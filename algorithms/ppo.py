@@ -1,14 +1,13 @@
 """PPO (Schulman et al. 2017) with the details of Huang et al. 2022; benchmark: `bash benchmark/ppo.sh`.
 
-Reading guide: the algorithm comes first, down to the line `# The algorithm ends here`: Args, the network, the maths,
-the update step and main, the training loop. Below it: this file's machinery (presets, envs, recurrent and torchrun
-helpers, evaluation, checks, start_run and end_run), then the run plumbing all eight files share. Flags: docs/ppo.md."""
+Reading guide: the algorithm first, down to `# The algorithm ends here` (Args, the network and its memory,
+the maths, the statistics, the update, main); then this file's machinery, and the plumbing all files share."""
 
 import os
 from dataclasses import dataclass
 from typing import Literal
 
-if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: its idle threads sleep, not spin (docs/speed.md, threads)
+if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import gymnasium as gym
 import numpy as np
@@ -54,7 +53,7 @@ class Args:
     target_kl: float | None = None
     """stop the update early when the approximate KL passes this (None: never)"""
     norm_obs: bool = False
-    """normalise float observations with running statistics (clipped to +-10); not for uint8 ones (frames, bytes)"""
+    """normalise float observations with running statistics, clipped to +-10 (not uint8 frames or bytes)"""
     norm_reward: bool = False
     """scale rewards by the running std of the discounted return (clipped to +-10)"""
     episodic_life: bool = True
@@ -64,18 +63,18 @@ class Args:
     frame_stack: int = 4
     """Atari only: the latest frames stacked in each observation (the recurrent Atari preset takes 1)"""
     rnn: Literal["none", "lstm", "gru"] = "none"
-    """a recurrent layer between the encoder and the heads, with the preset's recurrent settings (RNN_PRESETS)"""
+    """a recurrent layer between the encoder and the heads, with its preset's settings (RNN_PRESETS)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
     # --- run settings ---
     exp_name: str = "ppo"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
-    """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or any gymnasium id, including 'module:Env-v0'"""
+    """envpool id (CartPole-v1, Breakout-v5, HalfCheetah-v4, ...) or gymnasium id (also 'module:Env-v0')"""
     env_backend: Literal["auto", "envpool", "gymnasium"] = "auto"
-    """who steps the envs: auto takes gymnasium for a few classic-control envs (PYTHON_STEP_US), envpool otherwise"""
+    """who steps the envs (auto: gymnasium in this process for a few cheap envs, else envpool's threads)"""
     preset: Literal["auto", "classic", "atari", "mujoco"] = "auto"
-    """a family's reference defaults; auto: atari for image observations, mujoco for Box actions, classic otherwise"""
+    """a family's reference defaults (docs/ppo.md); auto picks one from the env's spaces"""
     seed: int = 1
     """seed of python, numpy, torch and the envs; on CPU the same seed gives the same run to the bit"""
     torch_deterministic: bool = True
@@ -85,15 +84,15 @@ class Args:
     compile: bool = False
     """torch.compile the acting step and the minibatch update; pays only on long runs (docs/speed.md)"""
     cudagraphs: bool = False
-    """CUDA graphs on top of --compile (torch.compile's "reduce-overhead" mode); needs a CUDA device, implies --compile"""
+    """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
-    """frames: the convolutional trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
     """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
     eval_episodes: int = 10
     """episodes per evaluation (one per eval env)"""
     eval_deterministic: bool = False
@@ -101,7 +100,7 @@ class Args:
     checkpoint_every: int = 0
     """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
     resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
     # --- computed at start-up (check_args) ---
@@ -112,12 +111,11 @@ class Args:
     num_iterations: tyro.conf.Suppress[int] = 0
     """total_timesteps // batch_size (computed)"""
     world_size: tyro.conf.Suppress[int] = 1
-    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
+    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
 
 
 # Networks: CleanRL's, with the initialisation of Huang et al. 2022
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    # Huang et al. 2022, detail 2: orthogonal weights, zero biases
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -130,42 +128,39 @@ def mlp(n_in: int, n_out: int, std: float) -> nn.Sequential:
 
 
 class Agent(nn.Module):
-    """Actor-critic: a Nature CNN trunk (frames) or two 64-64 tanh MLPs (vectors); --rnn: a recurrent layer before them."""
+    """Actor-critic: a Nature CNN trunk (frames) or two 64-64 tanh MLPs (vectors); --rnn: memory first."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn: str = "none", rnn_size: int = 128, bf16=False):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn="none", rnn_size=128, bf16=False):
         super().__init__()
-        obs_shape, self.dtype = obs_space.shape, torch.bfloat16 if bf16 else torch.float32  # dtype: the trunk's input
-        self.continuous, self.frames = isinstance(action_space, gym.spaces.Box), len(obs_shape) == 3  # frames: (C, H, W)
+        self.dtype = torch.bfloat16 if bf16 else torch.float32  # the trunk's input
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        self.frames = len(obs_space.shape) == 3  # (C, H, W)
         n_out = int(np.prod(action_space.shape)) if self.continuous else int(action_space.n)
-        n_features = 512 if self.frames else int(np.prod(obs_shape))
+        n_features = 512 if self.frames else int(np.prod(obs_space.shape))
         n_head = n_features if rnn == "none" else rnn_size
         if self.frames:  # Mnih et al. 2015 Nature CNN
             self.encoder = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-                nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-                nn.ReLU(),
-                nn.Flatten(),
-            )
+                layer_init(nn.Conv2d(obs_space.shape[0], 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+            )  # fmt: skip
             with torch.no_grad():
-                n_flat = self.encoder(torch.zeros(1, *obs_shape)).shape[1]
+                n_flat = self.encoder(torch.zeros(1, *obs_space.shape)).shape[1]
             self.encoder.extend([layer_init(nn.Linear(n_flat, 512)), nn.ReLU()])
-            self.encoder.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels take (H, W, C) layouts
+            self.encoder.to(memory_format=torch.channels_last)  # oneDNN's and cuDNN's fast kernels: (H, W, C)
             self.actor = layer_init(nn.Linear(n_head, n_out), std=0.01)
             self.critic = layer_init(nn.Linear(n_head, 1), std=1.0)
         else:
             self.encoder = nn.Flatten()
             self.actor = mlp(n_head, n_out, std=0.01)
             self.critic = mlp(n_head, 1, std=1.0)
-        if self.continuous:  # Huang et al. 2022, continuous detail 2: state-independent log std, initialised to 0
+        if self.continuous:  # Huang et al. 2022, continuous detail 2: a state-independent log std, 0 at first
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
-        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: a feed-forward agent draws the same weights
+        self.memory = recurrent_layer(rnn, n_features, rnn_size)  # last: without it, the same weights
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        # floats only here, uint8 frames and bytes scaled to [0, 1] (network_input); --bf16: trunk autocast; features float32
-        with torch.autocast("cuda" if x.is_cuda else "cpu", torch.bfloat16, enabled=self.dtype == torch.bfloat16):
+        # uint8 scaled to [0, 1] here (network_input); --bf16: the trunk in autocast, its features float32
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
             return self.encoder(network_input(x, self.dtype)).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
@@ -173,7 +168,7 @@ class Agent(nn.Module):
         return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
-        """The features the heads see, and the memory's state after them (None without memory; see memory_features)."""
+        """The features the heads see, and the memory's state after them (None without memory)."""
         if self.memory is None:
             return self.encode(x), None
         return memory_features(self.memory, self.encode, x, state, starts, spans)
@@ -181,10 +176,10 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor, state=None, starts=None) -> torch.Tensor:
         return self.critic(self.hidden(x, state, starts)[0]).squeeze(-1)
 
-    def get_action_and_value(self, x, action=None, deterministic: bool = False, state=None, starts=None, spans=None):
-        """Action (sampled, unless given or deterministic), its log-probability, the entropy, the value, memory state."""
+    def get_action_and_value(self, x, action=None, deterministic=False, state=None, starts=None, spans=None):
+        """Action (sampled unless given or deterministic), log-probability, entropy, value, memory state."""
         h, state = self.hidden(x, state, starts, spans)
-        if self.continuous:  # independent Gaussians, one per action dimension, with a state-independent log std
+        if self.continuous:  # a Gaussian per action dimension, its log std state-independent
             mean = self.actor(h)
             dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1)
         else:
@@ -194,11 +189,61 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.critic(h).squeeze(-1), state
 
 
+def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation in `dtype`: uint8 (frames, bytes) scaled to [0, 1] on .to's copy; floats as they are."""
+    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
+
+
+# The memory (--rnn): one recurrent layer, run over whole sequences, its state zeroed where an episode starts
+def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
+    """--rnn's nn.LSTM or nn.GRU (None: "none"), as CleanRL's ppo_atari_lstm.py: orthogonal, biases 0."""
+    if rnn == "none":
+        return None
+    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
+    for name, param in layer.named_parameters():
+        nn.init.constant_(param, 0.0) if name.startswith("bias") else nn.init.orthogonal_(param, 1.0)
+    return layer
+
+
+def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
+    """The state before an episode: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size) a GRU's."""
+    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
+
+
+def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
+    """Agent.hidden with memory: x a step (B, ...) or sequences (T, B, ...) from `state`; features, state."""
+    one_step = starts is None or starts.dim() == 1
+    x = x.unsqueeze(0) if one_step else x
+    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+    state = zero_state(memory, x.shape[1], x.device) if state is None else state
+    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
+    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
+    return h.flatten(0, 1), state
+
+
+def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list):
+    """(T, B, F) features from `state`, zeroed where `starts` is 1 (an episode's first); a call per span."""
+    outputs = []
+    for a, b in zip(spans[:-1], spans[1:], strict=False):
+        state = state * (1.0 - starts[a]).view(1, -1, 1)
+        if isinstance(memory, nn.LSTM):
+            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
+            state = torch.cat([h, c])
+        else:
+            out, state = memory(x[a:b], state.contiguous())
+        outputs.append(out)
+    return torch.cat(outputs), state
+
+
+def memory_spans(starts: np.ndarray) -> list[int]:
+    """run_memory's spans for (T, N) episode starts: 0 < ... < T, one beginning wherever an episode starts."""
+    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
+
+
 # The algorithm's maths: pure functions, tensors (or arrays) in and out
 def compute_gae(rewards, values, next_value, terminations, dones, valid, gamma: float, gae_lambda: float):
-    """Generalised advantage estimation (Schulman et al. 2016) over a (num_steps, num_envs) rollout. With next-step
-    autoreset values[t + 1] is the final observation's value: a truncation bootstraps from it, a termination does not;
-    `dones` cuts the recursion, and the reset step after it (valid 0) gets advantage 0."""
+    """Generalised advantage estimation (Schulman et al. 2016) over a (T, N) rollout; values[t + 1] is the
+    final observation's (next-step autoreset): a truncation bootstraps from it, a termination does not."""
     num_steps = rewards.shape[0]
     advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
     for t in reversed(range(num_steps)):
@@ -213,17 +258,19 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def ppo_loss(newlogprob, oldlogprob, entropy, newvalue, oldvalue, advantages, returns, mask,
-             clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool):  # fmt: skip
-    """Clipped surrogate + (clipped) value loss - entropy bonus over the valid entries of a minibatch; returns the loss
-    and, detached, (policy loss, value loss, entropy, approx KL, clip fraction)."""
+def ppo_loss(newlogprob, oldlogprob, entropy, newvalue, oldvalue, advantages, returns, mask, clip_coef: float,
+             clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool):  # fmt: skip
+    """Clipped surrogate + (clipped) value loss - entropy bonus over a minibatch's valid entries; the loss,
+    and its terms by name, detached."""
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     if norm_adv:  # Huang et al. 2022, detail 7: per-minibatch advantage normalisation
         mean = masked_mean(advantages, mask)
         var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
         advantages = (advantages - mean) / (var.sqrt() + 1e-8)
-    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)), mask)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)
+    pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
     if clip_vloss:  # Huang et al. 2022, detail 9
         v_clipped = oldvalue + (newvalue - oldvalue).clamp(-clip_coef, clip_coef)
         v_loss = 0.5 * masked_mean(torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2), mask)
@@ -234,21 +281,20 @@ def ppo_loss(newlogprob, oldlogprob, entropy, newvalue, oldvalue, advantages, re
     with torch.no_grad():  # Schulman's "approx KL" estimator k3, http://joschu.net/blog/kl-approx.html
         approx_kl = masked_mean((ratio - 1) - logratio, mask)
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask)
-    return loss, torch.stack([pg_loss, v_loss, entropy_loss, approx_kl, clipfrac]).detach()
+    return loss, dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach(),
+                      approx_kl=approx_kl, clipfrac=clipfrac)  # fmt: skip
 
 
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
-    """Linear decay from learning_rate at iteration 1 towards 0 after the last (Huang et al. 2022, detail 4)."""
-    if not anneal:
-        return learning_rate
-    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations)
+    """Linear decay from learning_rate at iteration 1 to 0 after the last (Huang et al. 2022, detail 4)."""
+    return learning_rate * (1.0 - (iteration - 1.0) / num_iterations) if anneal else learning_rate
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     resid = returns - values
     var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, float("nan")))
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, torch.nan))
 
 
 def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
@@ -261,100 +307,163 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
 
 
 def normalize_obs(obs: np.ndarray, rms: "RunningMeanStd | None", clip: float = 10.0) -> np.ndarray:
-    """Float observations as float32, standardised and clipped when there are statistics; uint8 ones as they are."""
+    """Float observations as float32, standardised and clipped with statistics; uint8 ones as they are."""
     if rms is None:
         return obs if obs.dtype == np.uint8 else obs.astype(np.float32, copy=False)
     return np.clip((obs - rms.mean) / np.sqrt(rms.var + 1e-8), -clip, clip).astype(np.float32)
 
 
 def scale_reward(reward, discounted_return, done, rms: "RunningMeanStd", gamma: float, clip: float = 10.0):
-    """Rewards (numpy rows) over the running std of the discounted return (Huang et al. 2022, continuous detail 8),
-    clipped; and the return for the next step. Every step counts, the reset step too (docs/ppo.md, on --norm-reward)."""
+    """Rewards over the running std of the discounted return (Huang et al. 2022, continuous detail 8)."""
     discounted_return = discounted_return * gamma + reward
     rms.update(discounted_return[:, None])
     return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
 
 
+# Running statistics for observation and reward normalisation
+class RunningMeanStd:
+    """Mean and variance of all update() saw, float64 on the host; under torchrun, of every process's rows."""
+
+    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # as gymnasium's wrappers
+        self.device, self.world_size = device, world_size  # where, and among how many, rows are exchanged
+
+    def update(self, x: np.ndarray) -> None:
+        x = x.astype(np.float64)
+        if self.world_size > 1:
+            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
+
+    def state_dict(self) -> dict:
+        return {k: torch.from_numpy(np.asarray(getattr(self, k))) for k in ("mean", "var", "count")}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
+
+
+def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
+    """One copy per step: uint8 stays uint8, floats become float32, normalised on the host with --norm-obs."""
+    if obs_rms is not None:
+        obs = obs.astype(np.float32)  # the statistics see what the network sees
+        obs_rms.update(obs)
+    x = torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+# The episodes main logs: the full game for Atari, as it scores it
+def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
+    """Running return and length per env; returns the new running values and the finished episodes' ones.
+
+    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
+    """
+    ep_return = ep_return + raw_reward
+    ep_length = ep_length + valid
+    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
+    ep_return = np.where(episode_end, 0.0, ep_return)
+    ep_length = np.where(episode_end, 0, ep_length)
+    return ep_return, ep_length, finished_returns, finished_lengths
+
+
 # The update step: epochs of minibatches, each a gradient step on the clipped loss
 def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step and the minibatch update, which --compile hands to torch.compile (LeanRL's approach)."""
+    """The acting step and the minibatch update, which --compile hands to torch.compile (LeanRL's way)."""
 
-    def update(obs, actions, logprobs, values, advantages, returns, valid, state=None, starts=None, spans=None):
-        """One minibatch: the loss, its gradient (norm clipped), an Adam step; with memory, obs are (T, B, ...) sequences."""
+    def update(mb: dict, memory: dict) -> dict:
+        """One minibatch (with memory, the state its sequences replay from): loss, gradient, Adam step."""
         optimizer.zero_grad(set_to_none=True)
-        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
-        loss, mb_stats = ppo_loss(newlogprob, logprobs, entropy, newvalue, values, advantages, returns, valid,
-                                  args.clip_coef, args.clip_vloss, args.ent_coef, args.vf_coef, args.norm_adv)  # fmt: skip
+        _, logprob, entropy, value, _ = agent.get_action_and_value(mb["obs"], mb["actions"], **memory)
+        loss, stats = ppo_loss(logprob, mb["logprobs"], entropy, value, mb["values"], mb["advantages"],
+                               mb["returns"], mb["valid"], args.clip_coef, args.clip_vloss, args.ent_coef,
+                               args.vf_coef, args.norm_adv)  # fmt: skip
         loss.backward()
-        if args.world_size > 1:  # torchrun: every process takes the same step, the mean of all processes' gradients
-            average_gradients(agent.parameters(), args.world_size)
+        if args.world_size > 1:  # torchrun: all processes' mean gradient (CleanRL's ppo_atari_multigpu.py)
+            grads = [p.grad for p in agent.parameters() if p.grad is not None]
+            flat = mean_over_processes(torch.cat([g.flatten() for g in grads]), args.world_size)
+            for g, mean in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                g.copy_(mean.view_as(g))
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # Huang et al. 2022, detail 11
         optimizer.step()
-        return mb_stats
+        return stats
 
-    return compiled_if_asked(agent.get_action_and_value, update, args)
+    if not args.compile:
+        return agent.get_action_and_value, update
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return torch.compile(agent.get_action_and_value, mode=mode), torch.compile(update, mode=mode)
 
 
-def ppo_update(update, rollout: tuple, args: Args, memory: tuple | None = None) -> torch.Tensor:
-    """update_epochs epochs of minibatches, random samples of the rollout's steps ((T, N) tensors, update's arguments in
-    order) or, with memory, random groups of whole envs (sequence_minibatches); returns the mean loss terms."""
-    device, (num_steps, num_envs) = rollout[-1].device, rollout[-1].shape  # valid, last: this process's envs
-    flat = [x.flatten(0, 1) for x in rollout]
-    stats, num_updates = torch.zeros(5, device=device), 0
+def ppo_update(update, rollout: dict, args: Args, memory: dict) -> dict:
+    """update_epochs epochs of minibatches, each a random sample of the rollout's (T, N) steps or, with
+    memory, the whole sequences of a random group of envs (docs/ppo.md); returns the loss terms' means."""
+    num_steps, num_envs = rollout["valid"].shape  # this process's envs
+    device = rollout["valid"].device
+    flat = {name: x.flatten(0, 1) for name, x in rollout.items()}
+    sums = 0.0  # the loss terms', over the minibatches
+    num_updates = 0
     for _epoch in range(args.update_epochs):
-        if memory is None:  # the update's arguments for each minibatch, gathered as it comes
+        if not memory:  # each minibatch gathered as it comes
             perm = torch.randperm(num_steps * num_envs, device=device)
-            minibatches = ([x[mb] for x in flat] for mb in perm.split(num_steps * num_envs // args.num_minibatches))
-        else:  # recurrent: whole sequences of a group of envs
-            minibatches = sequence_minibatches(rollout, memory, num_envs // args.num_minibatches)
-        for arguments in minibatches:
-            mb_stats = update(*arguments)
-            stats += mb_stats
+            mb_size = num_steps * num_envs // args.num_minibatches
+            minibatches = (({name: x[mb] for name, x in flat.items()}, {}) for mb in perm.split(mb_size))
+        else:  # recurrent: the obs stay (T, envs, ...) sequences; the memory's state and starts, those envs'
+            groups = torch.randperm(num_envs, device=device).split(num_envs // args.num_minibatches)
+            minibatches = (
+                ({name: x[:, g] if name == "obs" else x[:, g].flatten(0, 1) for name, x in rollout.items()},
+                 dict(memory, state=memory["state"][:, g], starts=memory["starts"][:, g]))
+                for g in groups
+            )  # fmt: skip
+        for mb, mb_memory in minibatches:
+            stats = update(mb, mb_memory)
+            sums = sums + torch.stack(list(stats.values()))
             num_updates += 1
-        # one host sync per epoch, only with the early stop on (Huang et al. 2022, auxiliary detail 3); torchrun: the mean
-        if args.target_kl is not None and mean_over_processes(mb_stats[3], args.world_size).item() > args.target_kl:
-            break
-    return stats / num_updates
+        # early stop (Huang et al. 2022, auxiliary detail 3): one host sync per epoch; torchrun: the mean KL
+        if args.target_kl is not None:
+            if mean_over_processes(stats["approx_kl"], args.world_size).item() > args.target_kl:
+                break
+    return dict(zip(stats, sums / num_updates, strict=True))
 
 
 # The training loop
 def main(args: Args) -> None:
-    # --- set-up: checks, processes, run directory, writer (start_run, below); then the agent, its optimiser, storage ---
+    # --- set-up: checks, processes, run directory, writer, this process's envs (start_run, below); agent ---
     run = start_run(args)
-    rank, device, obs_space, action_space = run.rank, run.device, run.obs_space, run.action_space
-    agent = Agent(obs_space, action_space, args.rnn, args.rnn_size, args.bf16).to(device)  # the same in every process
-    # Huang et al. 2022, detail 3; fused: one kernel for all parameters; compiled: foreach, and a rate tensor (no recompiles)
+    device = run.device
+    agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(device)
+    # Huang et al. 2022, detail 3; fused: one kernel; compiled: the rate a tensor (no recompiles)
     lr0 = torch.tensor(args.learning_rate, device=device) if args.compile else args.learning_rate
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr0, eps=1e-5, fused=not args.compile)
     act, update = training_steps(agent, optimizer, args)
-    obs_rms = RunningMeanStd(obs_space.shape, device, args.world_size) if args.norm_obs else None
+    obs_rms = RunningMeanStd(run.obs_space.shape, device, args.world_size) if args.norm_obs else None
     return_rms = RunningMeanStd((), device, args.world_size) if args.norm_reward else None
-    if args.world_size > 1:  # torchrun: each process samples its own actions and minibatches
-        torch.manual_seed(args.seed + rank)
+    if args.world_size > 1:  # torchrun: the same weights, but each process's own actions and minibatches
+        torch.manual_seed(args.seed + run.rank)
     global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
-
-    # a resumed run's envs take a fresh seed; process r steps envs r*N .. r*N + N-1, with the backend one process would pick
+    # rollout storage, preallocated on the device: T steps of this process's N envs; uint8 frames stay uint8
     T, N = args.num_steps, args.num_envs // args.world_size
-    seed, backend = args.seed + global_step + rank * N, pick_backend(args.env_id, args.num_envs, args.env_backend)
-    envs, is_atari = make_env(args.env_id, N, seed, args.episodic_life, args.reward_clip, backend, False, args.frame_stack)
-    # rollout storage, preallocated on the device; uint8 stays uint8, frames laid out as the trunk reads them (rollout_obs)
-    obs = rollout_obs((T, N), obs_space, device)
-    actions = torch.zeros((T, N) + action_space.shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
-    logprobs, values = (torch.zeros((T, N), device=device) for _ in range(2))
-    rewards, terminations, dones, valid = step_rows = torch.zeros((4, T, N), device=device)
-    host_rows = np.zeros((4, N), dtype=np.float32)  # a step's four rows, filled on the host, then one copy
-    next_obs = to_obs_tensor(envs.reset()[0], device, obs_rms)
-    next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
-    # recurrent (None without memory): the state carried from step to step, zeroed where an episode starts (run_memory)
-    state, next_start = agent.initial_state(N, device), torch.ones(N, device=device)
+    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32
+    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=obs_dtype, device=device)
+    if agent.frames:  # channels-last, (H, W, C) in memory, seen as (C, H, W), as the trunk's kernels want
+        obs = obs.movedim(-3, -1).contiguous().movedim(-1, -3)
+    action_dtype = torch.float32 if agent.continuous else torch.long
+    actions = torch.zeros((T, N) + run.action_space.shape, dtype=action_dtype, device=device)
+    logprobs = torch.zeros((T, N), device=device)
+    values = torch.zeros((T, N), device=device)
+    step_rows = torch.zeros((4, T, N), device=device)  # a step's rows, filled on the host, then one copy
+    rewards, terminations, dones, valid = step_rows.unbind()
+    next_obs = to_obs_tensor(run.envs.reset()[0], device, obs_rms)
+    next_valid = np.ones(N, dtype=bool)  # False on the reset step after a done
+    state = agent.initial_state(N, device)  # recurrent: carried step to step, zeroed where an episode starts
+    next_start = torch.ones(N, device=device)
     starts = None if state is None else torch.zeros((T, N), device=device)
-    discounted_return, ep_return, ep_length = np.zeros(N), np.zeros(N), np.zeros(N, dtype=np.int64)
-
+    discounted_return = np.zeros(N)  # --norm-reward's
+    ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)  # the logged episodes' running ones
     for iteration in range(start_iteration, args.num_iterations + 1):
         lr = annealed_lr(args.learning_rate, iteration, args.num_iterations, args.anneal_lr)
         optimizer.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"].fill_(lr) if args.compile else lr
         # --- rollout ---
-        rollout_state, finished = state, []  # recurrent: where the update replays each env's sequence from
+        rollout_state = state  # recurrent: where the update replays each env's sequence from
+        finished = []  # (step, returns, lengths) of the episodes that end in this rollout
         for step in range(T):
             global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
@@ -362,19 +471,21 @@ def main(args: Args) -> None:
                 action, logprob, _, value, state = act(next_obs, state=state, starts=next_start)
             actions[step], logprobs[step], values[step] = action, logprob, value
             env_action = action.cpu().numpy()
-            if agent.continuous:  # the Gaussian sample is stored unclipped; only the env sees the clipped action
-                env_action = np.clip(env_action, action_space.low, action_space.high)
-            next_obs_np, reward, term, trunc, info = finite_step(envs.step(env_action), global_step)  # NaN/inf: one line
+            if agent.continuous:  # the Gaussian sample is stored unclipped; the env sees it clipped
+                env_action = np.clip(env_action, run.action_space.low, run.action_space.high)
+            next_obs_np, reward, term, trunc, info = finite_step(run.envs.step(env_action), global_step)
             done = term | trunc
-            host_rows[0], host_rows[1], host_rows[2], host_rows[3] = reward, term, done, next_valid
+            train_reward = reward.astype(np.float32)  # as the rollout stores it, scaled with --norm-reward
             if return_rms is not None:
-                host_rows[0], discounted_return = scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)
-            step_rows[:, step] = torch.from_numpy(host_rows)
-            if state is not None:  # recurrent: zeroed after the reset step, which acts on an episode's last observation
+                train_reward, discounted_return = scale_reward(train_reward, discounted_return, done, return_rms, args.gamma)
+            step_rows[:, step] = torch.from_numpy(np.array([train_reward, term, done, next_valid], "float32"))
+            if state is not None:  # recurrent: zeroed after the reset step (it acts on the last observation)
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            episode_end, score = game_end_and_score(reward, term, trunc, info, is_atari)
-            ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, episode_end)
+            # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
+            end = info["terminated"].astype(bool) | trunc if run.is_atari else done
+            score = info["reward"] if run.is_atari else reward
+            ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, end)
             finished.append((global_step, *ended))
             next_valid = ~done
         # --- advantages ---
@@ -382,26 +493,22 @@ def main(args: Args) -> None:
             next_value = agent.get_value(next_obs, state, next_start)
         advantages, returns = compute_gae(rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda)
         # --- update ---
-        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
-        stats = ppo_update(update, (obs, actions, logprobs, values, advantages, returns, valid), args, memory)
-        # --- logging (process 0, with every process's episodes): one host sync per iteration ---
-        log_iteration(args, run, finished, stats, (values, returns, valid), lr, global_step, iteration)
-        # --- evaluation (process 0), checkpoint, stop requests ---
-        if rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
-            evaluate_and_log(args, run, agent, obs_rms, global_step)
-        stopping = stop_everywhere(run.stop, args.world_size, device)  # the same on every process
-        if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-            write_checkpoint(args, run, (agent, optimizer, obs_rms, return_rms), global_step, iteration)
-        if stopping:
-            stop_run(args, run, envs, global_step)
-    # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (end_run, below) ---
-    end_run(args, run, envs, agent, obs_rms, global_step)
+        memory = {}  # recurrent: each env's sequence, replayed from its state at the rollout's start
+        if state is not None:
+            memory = dict(state=rollout_state, starts=starts, spans=memory_spans(starts.cpu().numpy() > 0))
+        rollout = dict(obs=obs, actions=actions, logprobs=logprobs, values=values, advantages=advantages,
+                       returns=returns, valid=valid)  # fmt: skip
+        stats = ppo_update(update, rollout, args, memory)
+        # --- logging (process 0, with every process's episodes), evaluation, checkpoint, stop requests ---
+        nets = (agent, optimizer, obs_rms, return_rms)
+        end_iteration(args, run, nets, finished, stats, rollout, lr, global_step, iteration)
+    end_run(args, run, agent, obs_rms, global_step)  # the final model saved, reloaded and evaluated
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # ===============================================================================================================
-# This file's machinery: presets, envs, recurrent and torchrun helpers, evaluation, argument checks, start_run
-# and end_run (what main calls by name)
+# This file's machinery: presets, envs, evaluation, argument checks, torchrun helpers, start_run, the end of an
+# iteration (logging, evaluation, checkpoint) and end_run: what main calls by name
 # ===============================================================================================================
 import difflib
 import os
@@ -614,173 +721,6 @@ def can_render(env_id: str, backend: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-def game_end_and_score(reward, term, trunc, info, is_atari: bool):
-    """The logged episode: for Atari the full game (envpool's info["terminated"], not a lost life, or truncation)
-    scored with the raw reward (info["reward"], not the clipped one); for other envs the episode as trained."""
-    if is_atari:
-        return info["terminated"].astype(bool) | trunc, info["reward"]
-    return term | trunc, reward
-
-
-def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
-    ep_return = ep_return + raw_reward
-    ep_length = ep_length + valid
-    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
-    ep_return = np.where(episode_end, 0.0, ep_return)
-    ep_length = np.where(episode_end, 0, ep_length)
-    return ep_return, ep_length, finished_returns, finished_lengths
-
-
-def sequence_minibatches(rollout: tuple, memory: tuple, group: int):
-    """ppo_update's minibatches with memory: each a random group of whole envs, their (T, group, ...) observations and
-    T*group steps of the rest, replayed from `memory`: (the state each env began the rollout with, the episode starts,
-    the spans of run_memory) (docs/ppo.md)."""
-    (obs, *rest), (state, starts, spans) = rollout, memory
-    envs_order = torch.randperm(obs.shape[1], device=obs.device)
-    return (
-        [obs[:, envs], *(x[:, envs].flatten(0, 1) for x in rest), state[:, envs], starts[:, envs], spans]
-        for envs in envs_order.split(group)
-    )
-
-
-def evaluate_and_log(args: Args, run: types.SimpleNamespace, agent: Agent, obs_rms, global_step: int) -> None:
-    """An evaluation during training (--eval-every; process 0), the progress line paused while it runs."""
-    with run.progress.paused():
-        eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.run_dir, global_step))
-        log_eval(run.writer, eval_returns, global_step)
-
-
-def compiled_if_asked(act, update, args: Args):
-    """training_steps' two functions, handed to torch.compile with --compile (LeanRL's approach: the same code, traced
-    once); without it, as they are."""
-    if not args.compile:
-        return act, update
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return torch.compile(act, mode=mode), torch.compile(update, mode=mode)
-
-
-# Recurrent helpers: the memory of Agent.hidden
-def zero_state(memory: nn.Module, num_envs: int, device: torch.device) -> torch.Tensor:
-    """The memory before an episode's first observation: zeros, (2, envs, size) for an LSTM (h and c), (1, envs, size)
-    for a GRU."""
-    return torch.zeros((2 if isinstance(memory, nn.LSTM) else 1, num_envs, memory.hidden_size), device=device)
-
-
-def memory_features(memory: nn.Module, encode, x: torch.Tensor, state=None, starts=None, spans=None):
-    """Agent.hidden with memory: x is one step of every env, (B, ...), or whole sequences, (T, B, ...), replayed from
-    `state` with the episode starts `starts` ((B,) or (T, B); see run_memory, and its `spans`, which save calls when
-    given); returns the features, (T*B, size), and the memory's state after them."""
-    one_step = starts is None or starts.dim() == 1
-    x = x.unsqueeze(0) if one_step else x
-    h = encode(x.flatten(0, 1)).unflatten(0, x.shape[:2])
-    state = zero_state(memory, x.shape[1], x.device) if state is None else state
-    starts = torch.zeros(x.shape[:2], device=x.device) if starts is None else starts.reshape(x.shape[:2])
-    # without spans, one call per step: right for any starts
-    h, state = run_memory(memory, h, state, starts, list(range(x.shape[0] + 1)) if spans is None else spans)
-    return h.flatten(0, 1), state
-
-
-def recurrent_layer(rnn: str, n_in: int, size: int) -> nn.Module | None:
-    """One nn.LSTM or nn.GRU layer (None for "none"); weights orthogonal with gain 1, biases 0, as CleanRL's
-    ppo_atari_lstm.py initialises its LSTM."""
-    if rnn == "none":
-        return None
-    layer = (nn.LSTM if rnn == "lstm" else nn.GRU)(n_in, size)
-    for name, param in layer.named_parameters():
-        if name.startswith("bias"):
-            nn.init.constant_(param, 0.0)
-        else:
-            nn.init.orthogonal_(param, 1.0)
-    return layer
-
-
-def run_memory(memory: nn.Module, x: torch.Tensor, state: torch.Tensor, starts: torch.Tensor, spans: list[int]):
-    """The recurrent layer over (T, B, F) features from `state` (see Agent.initial_state). `starts` (T, B) is 1 at the
-    first observation of an episode: the state is zeroed just before that step, so no memory crosses from one episode
-    into the next. `spans` are the time indices 0 = s_0 < s_1 < ... = T such that no episode starts inside a span
-    except at its first step: each span is one call of the layer (cuDNN's or oneDNN's whole-sequence kernel) instead
-    of one call per step, which is where recurrent PPO spends its time. Returns (T, B, size) outputs and the state
-    after the last step."""
-    outputs = []
-    for a, b in zip(spans[:-1], spans[1:], strict=False):
-        state = state * (1.0 - starts[a]).view(1, -1, 1)
-        if isinstance(memory, nn.LSTM):
-            out, (h, c) = memory(x[a:b], (state[:1].contiguous(), state[1:].contiguous()))
-            state = torch.cat([h, c])
-        else:
-            out, state = memory(x[a:b], state.contiguous())
-        outputs.append(out)
-    return torch.cat(outputs), state
-
-
-def memory_spans(starts: np.ndarray) -> list[int]:
-    """The spans of run_memory for a (T, N) array of episode starts: a span begins at 0 and wherever an env starts an
-    episode. Computed on the host once per rollout (one copy of the starts there, beside the iteration's logging sync),
-    and valid for any subset of the envs (a span boundary where none of them starts only splits a call)."""
-    return sorted({0, starts.shape[0]} | set(np.flatnonzero(starts.any(axis=1)).tolist()))
-
-
-# Running statistics for observation and reward normalisation
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
-    process: its own rows, as they are."""
-    if world_size == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts)
-
-
-class RunningMeanStd:
-    """Mean and variance of everything passed to update(), in float64 numpy on the host, where the env's observations
-    and rewards arrive: on a row of floats, a step's numpy operations take half the time of the same tensor operations
-    (17 against 36-40 us for the reward's, 18 against 34-35 us for the observation's, one CPU thread), and the network's
-    input is copied once, normalised. Under torchrun, of every process's rows, in process order: every process keeps
-    the same statistics, those of one process with all the envs."""
-
-    def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
-        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4  # count: as gymnasium's wrappers
-        self.device, self.world_size = device, world_size  # the device is where processes exchange their rows
-
-    def update(self, x: np.ndarray) -> None:
-        x = x.astype(np.float64)
-        if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
-        self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
-
-    def state_dict(self) -> dict:
-        return dict(
-            mean=torch.from_numpy(self.mean),
-            var=torch.from_numpy(self.var),
-            count=torch.tensor(self.count, dtype=torch.float64),
-        )
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].double().numpy(), state["var"].double().numpy(), float(state["count"])
-
-
-def network_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An observation as the network's first layer takes it, in `dtype`: uint8 ones (frames, or bytes such as Atari's RAM)
-    scaled to [0, 1], in place on the copy .to makes; float ones as they are. The caller's tensor is never changed."""
-    return x.to(dtype).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.to(dtype)
-
-
-def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd | None) -> torch.Tensor:
-    """One copy per step: uint8 observations stay uint8 (the network scales them), others become float32, normalised on
-    the host with running statistics when --norm-obs is on; frames laid out channels-last as rollout_obs stores them."""
-    if obs_rms is not None:
-        obs = obs.astype(np.float32)  # the statistics see what the network sees
-        obs_rms.update(obs)
-    x = torch.as_tensor(normalize_obs(obs, obs_rms), device=device)
-    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
-
-
 def bf16_note(device: torch.device) -> str:
     """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
     /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
@@ -796,18 +736,6 @@ def bf16_note(device: torch.device) -> str:
         native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
     what = "GPU" if device.type == "cuda" else "CPU"
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
-
-
-def rollout_obs(rows: tuple, obs_space: gym.Space, device: torch.device) -> torch.Tensor:
-    """main's observation storage, `rows` + the observation's shape, on the device: uint8 observations as uint8, others
-    as float32; (C, H, W) frames stored channels-last ((H, W, C) in memory, seen as (C, H, W)): the layout the trunk's
-    kernels want, so that neither a step's frames (to_obs_tensor) nor a minibatch gathered from the rollout needs
-    converting."""
-    dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
-    if len(obs_space.shape) != 3:
-        return torch.zeros(rows + obs_space.shape, dtype=dtype, device=device)
-    c, h, w = obs_space.shape
-    return torch.zeros(rows + (h, w, c), dtype=dtype, device=device).movedim(-1, -3)
 
 
 # Evaluation, resume, final model, storage and argument checks of this algorithm
@@ -1020,20 +948,6 @@ def lost_process_line(rank: int):
     return hook
 
 
-def average_gradients(parameters, world_size: int) -> None:
-    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
-    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
-    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
 def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
     """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
     if world_size == 1:
@@ -1041,6 +955,16 @@ def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
     x = x.clone()
     dist.all_reduce(x)
     return x / world_size
+
+
+def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
+    process: its own rows, as they are."""
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
 
 
 def gather_objects(local, world_size: int) -> list:
@@ -1112,30 +1036,12 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
     sys.exit(128 + stop[0])
 
 
-def log_iteration(args: Args, run: types.SimpleNamespace, finished: list, stats, ev_inputs: tuple, lr, global_step, iteration):
-    """Process 0's log: every process's finished episodes at the steps they ended (one exchange), the update's mean loss
-    terms (`stats`), the explained variance of the values (`ev_inputs`: values, returns, valid), the learning rate and
-    the progress line."""
-    episodes = gather_episodes(finished, args.world_size)
-    if run.rank != 0:
-        return
-    explained = explained_variance(*(x.flatten() for x in ev_inputs)).reshape(1)
-    names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")[: len(stats)]
-    *losses, ev, total = torch.cat([stats, explained, parameter_sum(*run.nets)]).tolist()
-    for step, fin_returns, fin_lengths in episodes:
-        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, step)
-    check_training({**dict(zip(names, losses, strict=True)), "parameter sum": total}, global_step)
-    for name, value in zip((*names, "explained_variance"), (*losses, ev), strict=True):
-        run.writer.add_scalar(f"losses/{name}", value, global_step)
-    run.writer.add_scalar("charts/learning_rate", lr, global_step)
-    run.progress.log(run.writer, global_step, global_step, force=iteration == args.num_iterations)
-
-
 # A run's start and end, as main calls them
 def start_run(args: Args) -> types.SimpleNamespace:
     """Everything before the networks: every check before the run directory is made; under torchrun, one process per
     share of the envs; the device, the storage check, the checkpoint read; then, on process 0 only (the one that writes
-    logs, checkpoints and models), the run directory and the writer; the progress line and the stop requests."""
+    logs, checkpoints and models), the run directory and the writer; this process's envs, the progress line and the
+    stop requests."""
     obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -1152,17 +1058,16 @@ def start_run(args: Args) -> types.SimpleNamespace:
         if args.bf16 and (slow := bf16_note(device)):
             print(slow, flush=True)
     resumed_at = ckpt["global_step"] if ckpt else None
+    # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
+    n, backend = args.num_envs // args.world_size, pick_backend(args.env_id, args.num_envs, args.env_backend)
+    seed = args.seed + (resumed_at or 0) + rank * n
+    envs, is_atari = make_env(args.env_id, n, seed, args.episodic_life, args.reward_clip, backend, False, args.frame_stack)
     return types.SimpleNamespace(
         rank=rank, device=device, obs_space=obs_space, action_space=action_space, ckpt=ckpt, run_dir=run_dir,
+        envs=envs, is_atari=is_atari,
         writer=open_writer(run_dir, args, resumed_at) if rank == 0 else None,
         progress=Progress(args, resumed_at or 0, args.total_timesteps), stop=stop_requests(),
     )  # fmt: skip
-
-
-def stop_run(args: Args, run: types.SimpleNamespace, envs, global_step: int) -> None:
-    """A stop request (Ctrl-C, SIGTERM), after its checkpoint: the envs closed, then every process leaves."""
-    envs.close()
-    stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"step {global_step:,}")
 
 
 def write_checkpoint(args: Args, run: types.SimpleNamespace, nets: tuple, global_step: int, iteration: int) -> None:
@@ -1180,10 +1085,41 @@ def write_checkpoint(args: Args, run: types.SimpleNamespace, nets: tuple, global
         )  # fmt: skip
 
 
-def end_run(args: Args, run: types.SimpleNamespace, envs, agent, obs_rms, global_step: int) -> None:
+def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rollout: dict, lr, global_step, iteration):
+    """The end of an iteration. Process 0 logs every process's finished episodes at the steps they ended (one
+    exchange), the update's mean loss terms, the explained variance of the rollout's values, the learning rate and
+    the progress line (one host sync), then evaluates with --eval-every (the progress line paused). Every process
+    then takes the checkpoint (--checkpoint-every, or a stop request) and, on a stop request (Ctrl-C, SIGTERM), closes
+    its envs and leaves. `nets`: the agent, its optimiser, the observation and reward statistics."""
+    agent, _, obs_rms, _ = nets
+    episodes = gather_episodes(finished, args.world_size)
+    if run.rank == 0:
+        flat = (rollout[name].flatten() for name in ("values", "returns", "valid"))
+        explained = explained_variance(*flat).reshape(1)
+        *losses, ev, total = torch.cat([torch.stack(list(stats.values())), explained, parameter_sum(*run.nets)]).tolist()
+        for step, ended_returns, ended_lengths in episodes:
+            run.progress.log_episodes(run.writer, ended_returns, ended_lengths, step)
+        check_training({**dict(zip(stats, losses, strict=True)), "parameter sum": total}, global_step)
+        for name, value in zip((*stats, "explained_variance"), (*losses, ev), strict=True):
+            run.writer.add_scalar(f"losses/{name}", value, global_step)
+        run.writer.add_scalar("charts/learning_rate", lr, global_step)
+        run.progress.log(run.writer, global_step, global_step, force=iteration == args.num_iterations)
+        if crossed(global_step, args.batch_size, args.eval_every):
+            with run.progress.paused():
+                eval_returns = evaluate(agent, obs_rms, args, run.device, video_path(args, run.run_dir, global_step))
+                log_eval(run.writer, eval_returns, global_step)
+    stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same on every process
+    if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
+        write_checkpoint(args, run, nets, global_step, iteration)
+    if stopping:
+        run.envs.close()
+        stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, f"step {global_step:,}")
+
+
+def end_run(args: Args, run: types.SimpleNamespace, agent, obs_rms, global_step: int) -> None:
     """The end of a finished run: the envs closed and the process group left together; then process 0 alone saves the
     final model, reloads it from disk and evaluates it with frozen statistics (--save-model), and closes the writer."""
-    envs.close()
+    run.envs.close()
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
