@@ -106,7 +106,7 @@ class Args:
     """a checkpoint.pt to resume from; the run goes on in its directory, with the checkpoint's arguments"""
     progress_interval: float = 5.0
     """seconds between progress lines"""
-    # --- computed at start-up (world_size in check_args, the others in derived_sizes) ---
+    # --- computed at start-up (in check_args) ---
     batch_size: tyro.conf.Suppress[int] = 0
     """num_envs * num_steps (computed)"""
     minibatch_size: tyro.conf.Suppress[int] = 0
@@ -848,12 +848,6 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     return {phase: (sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device, fix)}
 
 
-def derived_sizes(args: Args) -> None:  # check_args calls it, then refuses the sizes that do not fit
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-
-
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: flags that only make sense together, and the phase buffer's memory."""
     evaluates = args.eval_every > 0 or args.save_model
@@ -890,7 +884,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         )
     envs_each = args.num_envs // args.world_size
     each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
-    derived_sizes(args)
+    args.batch_size = args.num_envs * args.num_steps  # the sizes Args computes, before the checks of those that do not fit
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
     if envs_each * args.num_steps % args.num_minibatches:
         fail(
             f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
