@@ -8,7 +8,7 @@ checks, start_run, end_run), then the run plumbing all eight files share. docs/r
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 if "OMP_NUM_THREADS" not in os.environ:  # before torch loads: idle threads sleep, not spin (docs/speed.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -435,10 +435,12 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
     gradients add up) and the optimiser step; eager as written here, or traced by torch.compile
     (--compile)."""
 
-    def ppo_chunk(mb: dict, advantages, valid, count, memory: tuple = ()):
-        # with memory (state, starts, spans), obs come as T * envs steps, time first: replayed as sequences
-        obs = mb["obs"].unflatten(0, (args.num_steps, -1)) if memory else mb["obs"]
-        logits, ext_value, int_value, _ = agent(obs, *memory)
+    def ppo_chunk(mb: dict, advantages, valid, count, memory: "Memory | None" = None):
+        if memory is None:
+            logits, ext_value, int_value, _ = agent(mb["obs"])
+        else:  # whole envs' steps, time first, replayed as (T, envs) sequences from the rollout's first state
+            obs = mb["obs"].unflatten(0, (args.num_steps, -1))
+            logits, ext_value, int_value, _ = agent(obs, memory.state, memory.starts, memory.spans)
         loss, sums = rnd_ppo_loss(
             logits, mb["actions"], mb["logprobs"], advantages, ext_value, int_value, mb["ext_returns"],
             mb["int_returns"], valid, count, args,
@@ -463,7 +465,16 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
     return compile_training_steps(steps, params, args) if args.compile else steps
 
 
-def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_size: int | None = None):
+class Memory(NamedTuple):
+    """What the update replays a recurrent policy's sequences from (--rnn): the state every env (or a chunk's)
+    started the rollout with, the episode starts (T, envs) and run_memory's spans."""
+
+    state: torch.Tensor
+    starts: torch.Tensor
+    spans: list
+
+
+def minibatches(args: Args, device: torch.device, memory: Memory | None, batch_size: int | None = None):
     """An epoch's minibatches: (batch indices, chunks, the indices the predictor trains on), a chunk as
     (indices, positions in the minibatch, memory). Without memory: random steps, the predictor on the first
     update_proportion (a random subset; the reference draws each entry with that probability). With memory
@@ -475,7 +486,7 @@ def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_si
     if memory is None:
         for mb in torch.randperm(batch_size, device=device).split(minibatch_size):
             offsets = range(0, len(mb), args.chunk_size)
-            chunks = [(mb[i : i + args.chunk_size], slice(i, i + args.chunk_size), ()) for i in offsets]
+            chunks = [(mb[i : i + args.chunk_size], slice(i, i + args.chunk_size), None) for i in offsets]
             yield mb, chunks, mb[:num_predicted]
         return
     state, starts, spans = memory
@@ -488,7 +499,7 @@ def minibatches(args: Args, device: torch.device, memory: tuple | None, batch_si
         for j in range(0, len(group), size):
             envs = group[j : j + size]
             rows = (steps * len(group) + torch.arange(j, j + len(envs), device=device)).flatten()
-            chunks.append((mb[rows], rows, (state[:, envs], starts[:, envs], spans)))
+            chunks.append((mb[rows], rows, Memory(state[:, envs], starts[:, envs], spans)))
         yield mb, chunks, mb[torch.randperm(len(mb), device=device)[:num_predicted]]
 
 
@@ -614,7 +625,8 @@ def main(args: Args) -> None:
         )  # fmt: skip
 
         # --- update: PPO and the predictor ---
-        memory = None if state is None else (rollout_state, starts, memory_spans(starts.cpu().numpy() > 0))
+        spans = None if state is None else memory_spans(starts.cpu().numpy() > 0)  # one host copy
+        memory = None if state is None else Memory(rollout_state, starts, spans)
         stats = rnd_ppo_update(steps, batch, obs_rms, args, memory)
 
         # --- logging (process 0: every process's episodes, one host sync), evaluation, checkpoint, stop ---
