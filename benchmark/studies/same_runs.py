@@ -17,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmark"))
 from tblog import read_scalars  # noqa: E402
 
-TIMINGS = ("charts/SPS", "charts/policy_phase_SPS", "charts/aux_epoch_seconds", "charts/generation_seconds", "charts/seconds")
+TIMINGS = ("charts/SPS", "charts/policy_phase_SPS", "charts/aux_epoch_seconds", "charts/generation_seconds", "charts/seconds",
+           "charts/obs_norm_init_seconds")  # fmt: skip
 # (file, flags): short runs that pass through each file's main paths (updates, logging, evaluation, the final model)
 CONFIGS = [
     ("ppo", ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--save-model", "--eval-episodes", "3"]),
