@@ -952,44 +952,33 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     if args.rnn != "none" and args.compile:
-        fail(
-            f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
-            "and each new length would compile again; leave out --compile and --cudagraphs"
-        )
+        fail(f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
+             "and each new length would compile again; leave out --compile and --cudagraphs")  # fmt: skip
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.num_envs % args.world_size:
-        fail(
-            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
-            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
-        )
+        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
+             f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes")  # fmt: skip
     if args.world_size > 1 and args.compile:
-        fail(
-            "--compile runs in one process: with several, gradients are averaged over the processes between the "
-            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
-        )
+        fail("--compile runs in one process: with several, gradients are averaged over the processes between the update's "
+             "backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs")  # fmt: skip
     envs_each = args.num_envs // args.world_size
     each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
     if args.rnn != "none" and envs_each % args.num_minibatches:
-        fail(
-            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn a "
-            "minibatch is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
-        )
+        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn "
+             "a minibatch is the whole sequences of a group of envs; pass a --num-minibatches that divides "
+             "--num-envs")  # fmt: skip
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if envs_each * args.num_steps % args.num_minibatches:
-        fail(
-            f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
-            f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
-        )
+        fail(f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
+             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps")  # fmt: skip
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
     many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
     if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(
-            f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
-            f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
-            f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}"
-        )
+        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
+             f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
+             f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.chunk_size == 0:
