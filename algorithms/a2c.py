@@ -60,7 +60,7 @@ class Args:
     """a recurrent layer between the observation encoder and the heads (none: a feed-forward policy)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-    # --- run settings ---
+    # --- run settings (and RunFlags, below the marker: evaluation, checkpoints, video, logging; sizes) ---
     exp_name: str = "a2c"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
@@ -81,30 +81,6 @@ class Args:
     """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
     """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_interval: int = 100
-    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
 
 
 # Networks: CleanRL's, initialised as Huang et al. 2022 (detail 2: orthogonal weights, zero biases)
@@ -328,6 +304,21 @@ def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
+def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
+    """Running return and length per env; returns the new running values and the finished episodes' ones.
+
+    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
+    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
+    not a lost life, so the logged return is the full game's raw score.
+    """
+    ep_return = ep_return + raw_reward
+    ep_length = ep_length + valid
+    finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
+    ep_return = np.where(episode_end, 0.0, ep_return)
+    ep_length = np.where(episode_end, 0, ep_length)
+    return ep_return, ep_length, finished_returns, finished_lengths
+
+
 def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
     # RMSprop as A3C (Mnih et al. 2016); alpha 0.99, eps 1e-5 as Baselines and SB3: PyTorch's 1e-8 in
     # lr * g / (sqrt(mean g^2) + eps) blows tiny gradients up. TensorFlow's, eps inside: --rmsprop-tf-like
@@ -429,11 +420,10 @@ def main(args: Args) -> None:
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
             # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
-            episode_end = info["terminated"].astype(bool) | trunc if run.is_atari else done
-            ep_return += info["reward"] if run.is_atari else reward
-            ep_length += next_valid  # the reset step is not a step of the episode
-            finished.append((global_step, ep_return[episode_end], ep_length[episode_end]))
-            ep_return[episode_end], ep_length[episode_end] = 0.0, 0
+            end = info["terminated"].astype(bool) | trunc if run.is_atari else done
+            score = info["reward"] if run.is_atari else reward
+            ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, end)
+            finished.append((global_step, *ended))
             next_valid = ~done
         # --- advantages: n-step returns (GAE with lambda 1 by default) ---
         with torch.no_grad():
@@ -468,6 +458,41 @@ import types
 
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class RunFlags:
+    """This file's run flags (evaluation, checkpoints, video, progress and log lines) and the sizes check_args computes,
+    which Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the loop."""
+
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_interval: int = 100
+    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
+    # --- computed by check_args ---
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
+
+
+Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
