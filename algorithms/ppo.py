@@ -66,7 +66,7 @@ class Args:
     """a recurrent layer between the encoder and the heads, with its preset's settings (RNN_PRESETS)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-    # --- run settings ---
+    # --- run settings (and RunFlags, below the marker: evaluation, checkpoints, video, progress; sizes) ---
     exp_name: str = "ppo"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
@@ -87,31 +87,6 @@ class Args:
     """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
     """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off, as CleanRL's PPO evaluation samples"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    # --- computed at start-up (check_args) ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches; each process's share of it is its minibatch (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
 
 
 # Networks: CleanRL's, with the initialisation of Huang et al. 2022
@@ -260,8 +235,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def ppo_loss(newlogprob, oldlogprob, entropy, newvalue, oldvalue, advantages, returns, mask, clip_coef: float,
              clip_vloss: bool, ent_coef: float, vf_coef: float, norm_adv: bool):  # fmt: skip
-    """Clipped surrogate + (clipped) value loss - entropy bonus over a minibatch's valid entries; the loss,
-    and its terms by name, detached."""
+    """Clipped surrogate + (clipped) value loss - entropy bonus over valid entries; the loss, its terms."""
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     if norm_adv:  # Huang et al. 2022, detail 7: per-minibatch advantage normalisation
@@ -320,7 +294,6 @@ def scale_reward(reward, discounted_return, done, rms: "RunningMeanStd", gamma: 
     return np.clip(reward / np.sqrt(rms.var + 1e-8), -clip, clip), np.where(done, 0.0, discounted_return)
 
 
-# Running statistics for observation and reward normalisation
 class RunningMeanStd:
     """Mean and variance of all update() saw, float64 on the host; under torchrun, of every process's rows."""
 
@@ -350,7 +323,6 @@ def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
-# The episodes main logs: the full game for Atari, as it scores it
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
     """Running return and length per env; returns the new running values and the finished episodes' ones.
 
@@ -394,8 +366,7 @@ def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
 
 
 def ppo_update(update, rollout: dict, args: Args, memory: dict) -> dict:
-    """update_epochs epochs of minibatches, each a random sample of the rollout's (T, N) steps or, with
-    memory, the whole sequences of a random group of envs (docs/ppo.md); returns the loss terms' means."""
+    """update_epochs epochs of random minibatches (with memory, of whole envs); the loss terms' means."""
     num_steps, num_envs = rollout["valid"].shape  # this process's envs
     device = rollout["valid"].device
     flat = {name: x.flatten(0, 1) for name, x in rollout.items()}
@@ -521,6 +492,42 @@ import types
 
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class RunFlags:
+    """This file's run flags (evaluation, checkpoints, video, progress lines) and the sizes check_args computes, which
+    Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the algorithm."""
+
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off, as CleanRL's PPO evaluation samples"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    # --- computed by check_args ---
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """batch_size // num_minibatches; each process's share of it is its minibatch (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
+
+
+Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
+
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
