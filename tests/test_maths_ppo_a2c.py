@@ -362,8 +362,9 @@ def check_ppo_loss(batch, clip, clip_vloss, ent_coef, vf_coef, norm_adv):
     loss.backward()
     exp_loss, exp_stats, g_logp, g_v, g_ent, seen = reference_ppo(*batch, clip, clip_vloss, ent_coef, vf_coef, norm_adv)
     np.testing.assert_allclose(loss.item(), exp_loss, **F64)
-    assert not stats.requires_grad
-    np.testing.assert_allclose(stats.numpy(), exp_stats, **F64)  # policy loss, value loss, entropy, approx KL, clipfrac
+    assert list(stats) == ["policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"]
+    assert not any(term.requires_grad for term in stats.values())
+    np.testing.assert_allclose(torch.stack(list(stats.values())).numpy(), exp_stats, **F64)
     np.testing.assert_allclose(inputs[0].grad.numpy(), g_logp, **F64)
     np.testing.assert_allclose(inputs[3].grad.numpy(), g_v, **F64)
     np.testing.assert_allclose(inputs[2].grad.numpy(), g_ent, **F64)
@@ -424,8 +425,8 @@ def test_a2c_loss_matches_the_policy_gradient_reference(norm_adv, mask_kind, ent
     loss, stats = a2c.a2c_loss(*inputs[:3], inputs[3], t64(ret), t64(valid), ent_coef, vf_coef, norm_adv)
     loss.backward()
     np.testing.assert_allclose(loss.item(), pg - ent_coef * en + vf_coef * vl, **F64)
-    assert not stats.requires_grad
-    np.testing.assert_allclose(stats.numpy(), [pg, vl, en], **F64)
+    assert list(stats) == ["policy_loss", "value_loss", "entropy"] and not any(v.requires_grad for v in stats.values())
+    np.testing.assert_allclose(torch.stack(list(stats.values())).numpy(), [pg, vl, en], **F64)
     np.testing.assert_allclose(inputs[0].grad.numpy(), -w * a, **F64)
     np.testing.assert_allclose(inputs[1].grad.numpy(), -ent_coef * w, **F64)
     np.testing.assert_allclose(inputs[2].grad.numpy(), 2 * vf_coef * w * (value - ret), **F64)

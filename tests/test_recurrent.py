@@ -106,11 +106,11 @@ def recorded_run(monkeypatch, tmp_path, rnn: str):
     log-probabilities and values the agent gives its inputs now, and episode_values of its sequences."""
     calls = []
 
-    def record(agent, obs, actions, logprobs, values, advantages, returns, valid, state, starts, spans):
-        _, newlogprob, _, newvalue, _ = agent.get_action_and_value(obs, actions, False, state, starts, spans)
-        fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
-        calls.append(dict(logprobs=logprobs, values=values, valid=valid, newlogprob=newlogprob, newvalue=newvalue,
-                          fresh=fresh.flatten(), episodes=episodes))  # fmt: skip
+    def record(agent, mb, memory):
+        _, newlogprob, _, newvalue, _ = agent.get_action_and_value(mb["obs"], mb["actions"], **memory)
+        fresh, episodes = episode_values(agent, mb["obs"], mb["valid"].view(mb["obs"].shape[0], -1))
+        calls.append(dict(logprobs=mb["logprobs"], values=mb["values"], valid=mb["valid"], newlogprob=newlogprob,
+                          newvalue=newvalue, fresh=fresh.flatten(), episodes=episodes))  # fmt: skip
 
     flags = [
         "--env-id", "CartPole-v1", "--rnn", rnn, "--rnn-size", "16", "--num-envs", "4", "--num-steps", "64",
@@ -159,8 +159,9 @@ def test_a2c_replays_each_rollout_with_the_state_zeroed_at_exactly_each_episodes
     cross rollout boundaries."""
     checked = []
 
-    def record(agent, obs, actions, advantages, returns, valid, state, starts, spans):
-        replayed = agent.get_value(obs, state, starts)
+    def record(agent, batch, memory):
+        obs, valid = batch["obs"], batch["valid"]
+        replayed = agent.get_value(obs, memory["state"], memory["starts"])
         fresh, episodes = episode_values(agent, obs, valid.view(obs.shape[0], -1))
         known = ~fresh.flatten().isnan()
         torch.testing.assert_close(fresh.flatten()[known], replayed[known], atol=1e-5, rtol=1e-5)

@@ -329,8 +329,8 @@ DIFFERENCES = {
 # ours' text where a difference is made CleanRL's by editing ours' file (its copy, in the side's process): (old, new,
 # how many times old occurs); the others are made CleanRL's on ours' functions (make_same)
 SCALE_REWARD_CALL = (  # ppo.py's reward scaling, also given the step's terminations and which envs took a real step
-    "scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma)",
-    "scale_reward(host_rows[0], discounted_return, done, return_rms, args.gamma, term, next_valid)",
+    "scale_reward(train_reward, discounted_return, done, return_rms, args.gamma)",
+    "scale_reward(train_reward, discounted_return, done, return_rms, args.gamma, term, next_valid)",
     1,
 )
 TEXT_PATCHES = {
@@ -358,8 +358,7 @@ POLICY_CLIP = (
 )
 DQN_TARGET = (
     "the TD target from the online network, not the target network",
-    [("td_target(rewards, terminations, target_network(next_obs),",
-      "td_target(rewards, terminations, q_network(next_obs),", 1)],
+    [('next_q_target = target_network(batch["next_obs"])', 'next_q_target = q_network(batch["next_obs"])', 1)],
 )  # fmt: skip
 PLANTED = {
     "ppo-atari": POLICY_CLIP,
@@ -384,8 +383,8 @@ PLANTED = {
     ),
     "ppg": (
         "the auxiliary phase's behaviour-cloning term dropped",
-        [("return sums[0] + beta_clone * sums[1] + vf_true_weight * sums[2],",
-          "return sums[0] + vf_true_weight * sums[2],", 1)],
+        [('loss = mean["aux_value_loss"] + beta_clone * mean["bc_kl"] + vf_true_weight',
+          'loss = mean["aux_value_loss"] + vf_true_weight', 1)],
     ),
     "rnd": (
         "the intrinsic reward left out of the advantages",
