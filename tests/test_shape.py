@@ -1,30 +1,29 @@
 """The shape of an algorithm file (CONTRIBUTING.md, "Three parts"): the algorithm from the top to a line that begins
-`# The algorithm ends here`, within its budget of lines and holding everything a learner needs (Args, the networks, the
-maths the Makefile's MATHS lists, the update step, main), then this file's machinery, then the shared block. Reads the
-files' text only: no import, no run."""
+`# The algorithm ends here`, holding everything a learner needs (Args, the networks, the maths the Makefile's MATHS
+lists, the update step, main) and taking few names from below it, then this file's machinery, then the shared block,
+each within the limits benchmark/studies/form.py counts. Reads the files' text only: no import, no run."""
 
 import ast
 import re
 
 import pytest
 
+from benchmark.studies import form
 from conftest import ROOT
 
 MARKER = "# The algorithm ends here"
 SHARED = "# Run plumbing"
-MAIN_LINES = 120  # at most, in every file
 
-# Lines a learner reads: from the top of the file to the line before the marker; beside each, what part 1 must hold
-# besides Args, main and the file's maths (the networks and the update step)
+# What part 1 must hold besides Args, main and the file's maths: the networks and the update step
 PART_ONE = {
-    "ppo": (400, ["Agent", "training_steps", "ppo_update"]),
-    "a2c": (380, ["Agent", "training_steps"]),
-    "dqn": (300, ["QNetwork", "training_steps"]),
-    "ddpg_td3": (330, ["Actor", "Critics", "critic_update", "actor_update"]),
-    "es": (330, ["Policy", "rollout"]),
-    "qlearning": (280, []),
-    "ppg_procgen": (520, ["ImpalaCNN", "Agent", "policy_update", "aux_update"]),
-    "rnd_ppo": (560, ["Agent", "RNDModel", "rnd_ppo_update"]),
+    "ppo": ["Agent", "training_steps", "ppo_update"],
+    "a2c": ["Agent", "training_steps"],
+    "dqn": ["QNetwork", "training_steps"],
+    "ddpg_td3": ["Actor", "Critics", "critic_update", "actor_update"],
+    "es": ["Policy", "rollout"],
+    "qlearning": [],
+    "ppg_procgen": ["ImpalaCNN", "Agent", "policy_update", "aux_update"],
+    "rnd_ppo": ["Agent", "RNDModel", "rnd_ppo_update"],
 }
 
 
@@ -58,10 +57,9 @@ def test_the_makefile_lists_maths_for_every_file_but_none_for_a_name_it_does_not
 
 
 @pytest.mark.parametrize("name", sorted(PART_ONE))
-def test_the_algorithm_comes_first_within_its_budget_and_holds_what_a_learner_needs(name):
+def test_the_algorithm_comes_first_and_holds_what_a_learner_needs(name):
     text, marker, shared = parts(name)
-    budget, needed = PART_ONE[name]
-    assert marker <= budget, f"{name}.py: part 1 is {marker} lines, over its budget of {budget}"
+    needed = PART_ONE[name]
     assert marker < shared, f"{name}.py: the marker stands below the shared block"
     tree, where = ast.parse(text), {}
     for node in tree.body:
@@ -71,8 +69,6 @@ def test_the_algorithm_comes_first_within_its_budget_and_holds_what_a_learner_ne
     for symbol in ["Args", *needed, *maths(name), "main"]:
         assert symbol in where, f"{name}.py has no {symbol}"
         assert where[symbol].end_lineno <= marker, f"{name}.py: {symbol} stands below the marker; part 1 must hold it"
-    main = where["main"]
-    assert main.end_lineno - main.lineno + 1 <= MAIN_LINES, f"{name}.py: main is over {MAIN_LINES} lines"
     # the module docstring opens the file and carries the reading guide, which names the marker
     assert "algorithm ends here" in (ast.get_docstring(tree) or "")
 
@@ -94,3 +90,18 @@ def test_the_readme_gives_each_file_the_lines_a_learner_reads():
         row = next(line for line in readme.splitlines() if line.startswith(f"| [`{name}.py`]"))
         counted = int(row.split(" | ")[-2].split(" ")[0])
         assert counted == parts(name)[1], f"README.md says part 1 of {name}.py is {counted} lines; it is {parts(name)[1]}"
+
+
+@pytest.mark.parametrize("name", sorted(PART_ONE))
+def test_part_one_stands_alone_in_short_lines_and_the_file_does_not_grow_back(name):
+    """Part 1 takes at most form.LIMITS names from below its marker, has at most form.LIMITS lines over 110 characters and
+    is at most a fifth longer than before the redesign; the file, its machinery and the shared block stay within the
+    ceilings form.py records (each at most its size when the redesign last reached it, on the way to form.TOTAL)."""
+    counts = form.form(name)
+    borrowed = counts["names_from_below"]
+    assert len(borrowed) <= form.LIMITS["names_from_below"], f"{name}.py: part 1 uses {borrowed} from below the marker"
+    assert counts["long_lines"] <= form.LIMITS["long_lines"], f"{name}.py: {counts['long_lines']} long lines in part 1"
+    assert counts["part_one"] <= 1.2 * form.BEFORE[name][1], f"{name}.py: part 1 is {counts['part_one']} lines"
+    ceiling = form.CEILING[name]
+    for part in ("total", "machinery", "shared"):
+        assert counts[part] <= ceiling[part], f"{name}.py: {part} {counts[part]} lines, over its ceiling {ceiling[part]}"

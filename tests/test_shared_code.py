@@ -42,8 +42,13 @@ DIFFERENT = {
 # Same name, two versions: each group's files read the same.
 GROUPS = {
     # on the host in numpy where a step's row of env output is normalised (vectors, rewards), on the device where
-    # frames are (es.py keeps its own ObsStatistics, merged from sums)
-    "RunningMeanStd": (("a2c", "ppg_procgen", "ppo"), ("rnd_ppo",)),
+    # frames are (es.py keeps its own ObsStatistics, merged from sums); ppg_procgen.py's copy of the host one, and of
+    # the maths below, is wrapped to 110 characters a line, which ppo.py's and a2c.py's are not yet
+    "RunningMeanStd": (("a2c", "ppo"), ("ppg_procgen",), ("rnd_ppo",)),
+    "annealed_lr": (("a2c", "ppo", "rnd_ppo"), ("ppg_procgen",)),
+    "compute_gae": (("a2c", "ppo", "rnd_ppo"), ("ppg_procgen",)),
+    "explained_variance": (("a2c", "ppo", "rnd_ppo"), ("ppg_procgen",)),
+    "scale_reward": (("a2c", "ppo"), ("ppg_procgen",)),
 }
 
 

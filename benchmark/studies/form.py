@@ -25,6 +25,18 @@ TOTAL = {"ppo": 1250, "a2c": 1250, "ppg_procgen": 1250, "rnd_ppo": 1250, "dqn": 
 BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_ppo": (710, 547), "dqn": (486, 300),
           "ddpg_td3": (387, 330), "es": (416, 307), "qlearning": (448, 231)}  # fmt: skip
 
+# Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
+CEILING = {
+    "ppo": dict(total=1652, machinery=661, shared=513),
+    "a2c": dict(total=1549, machinery=591, shared=513),
+    "ppg_procgen": dict(total=1649, machinery=554, shared=513),
+    "rnd_ppo": dict(total=1738, machinery=585, shared=513),
+    "dqn": dict(total=1253, machinery=381, shared=513),
+    "ddpg_td3": dict(total=1203, machinery=298, shared=513),
+    "es": dict(total=1232, machinery=364, shared=513),
+    "qlearning": dict(total=1167, machinery=406, shared=513),
+}
+
 
 def module_names(nodes: list[ast.stmt]) -> set[str]:
     """The names these top-level statements define: functions, classes, assignments, imports."""
@@ -57,8 +69,14 @@ def form(name: str) -> dict:
     bound = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}  # a local of the same name
     bound |= {n.arg for n in nodes if isinstance(n, ast.arg)}
     borrowed = sorted(used & (below - module_names(part_one) - bound - set(dir(builtins))))
-    return dict(total=len(lines), part_one=marker, machinery=shared - marker, shared=len(lines) - shared,
-                long_lines=sum(len(line) > LONG for line in lines[:marker]), names_from_below=borrowed)
+    return dict(
+        total=len(lines),
+        part_one=marker,
+        machinery=shared - marker,
+        shared=len(lines) - shared,
+        long_lines=sum(len(line) > LONG for line in lines[:marker]),
+        names_from_below=borrowed,
+    )
 
 
 def problems(name: str, counts: dict) -> list[str]:
@@ -70,10 +88,12 @@ def problems(name: str, counts: dict) -> list[str]:
     found += [f"part 1 {counts['part_one']} lines, over a fifth more than {part_one}"] * (counts["part_one"] > part_one * 1.2)
     found += [f"the shared block {counts['shared']} lines, over {LIMITS['shared']}"] * (counts["shared"] > LIMITS["shared"])
     found += [f"{counts['long_lines']} lines of part 1 over {LONG} characters, over {LIMITS['long_lines']}"] * (
-        counts["long_lines"] > LIMITS["long_lines"])
+        counts["long_lines"] > LIMITS["long_lines"]
+    )
     borrowed = counts["names_from_below"]
     found += [f"part 1 uses {len(borrowed)} names from below the marker, over {LIMITS['names_from_below']}"] * (
-        len(borrowed) > LIMITS["names_from_below"])
+        len(borrowed) > LIMITS["names_from_below"]
+    )
     return found
 
 
@@ -86,8 +106,10 @@ def main() -> None:
     broken = []
     for name in TOTAL:
         c = form(name)
-        print(f"| {name}.py | {c['total']:,} | {c['part_one']} | {c['machinery']} | {c['shared']} | {c['long_lines']} "
-              f"| {len(c['names_from_below'])} |")
+        print(
+            f"| {name}.py | {c['total']:,} | {c['part_one']} | {c['machinery']} | {c['shared']} | {c['long_lines']} "
+            f"| {len(c['names_from_below'])} |"
+        )
         broken += [f"{name}.py: {p}" for p in problems(name, c)]
     if show_names:
         for name in TOTAL:
