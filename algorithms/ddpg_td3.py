@@ -384,7 +384,7 @@ def main(args: Args) -> None:
             run.progress.log(run.writer, global_step, global_step, force=last)
 
         # --- an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and on Ctrl-C ---
-        evaluate_checkpoint_stop(args, run, envs, nets, rb, explore_rng, global_step, critic_updates)
+        end_iteration(args, run, envs, nets, rb, explore_rng, global_step, critic_updates)
 
     # --- end: where the time went; the final actor saved, reloaded from disk and evaluated (--save-model) ---
     end_run(args, run, envs, actor, critic, global_step, seconds)
@@ -643,7 +643,7 @@ def restore_run(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> t
     return global_step, critic_updates, train_from
 
 
-def evaluate_checkpoint_stop(args: Args, run, envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
+def end_iteration(args: Args, run, envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
                              critic_updates: int) -> None:  # fmt: skip
     """After each step of N envs: an evaluation when it reaches a multiple of --eval-every; runs/<run>/checkpoint.pt
     (the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states) at a multiple of

@@ -351,7 +351,7 @@ def main(args: Args) -> None:
             log_training(args, run, stats, num_updates, epsilon, global_step)  # a NaN or inf ends the run
             stats = {name: torch.zeros_like(total) for name, total in stats.items()}
             num_updates = 0
-        evaluate_checkpoint_or_exit(args, run, envs, global_step, q_network, target_network, optimizer, rb, explore_rng)
+        end_iteration(args, run, envs, global_step, q_network, target_network, optimizer, rb, explore_rng)
 
     # --- end: where the time went; the final model saved, reloaded and evaluated (end_run, below) ---
     end_run(args, run, envs, q_network, global_step, seconds)
@@ -693,9 +693,7 @@ def log_training(args: Args, run, stats: dict, num_updates: int, epsilon: float,
     run.progress.log(run.writer, global_step, global_step, force=global_step >= args.total_timesteps)
 
 
-def evaluate_checkpoint_or_exit(
-    args, run, envs, global_step: int, q_network, target_network, optimizer, rb, explore_rng
-) -> None:
+def end_iteration(args, run, envs, global_step: int, q_network, target_network, optimizer, rb, explore_rng) -> None:
     """The end of each step: an evaluation every --eval-every steps; runs/<run>/checkpoint.pt (both networks, Adam's
     state, the replay buffer with --save-buffer, the random states) every --checkpoint-every steps and at a stop request
     (Ctrl-C, SIGTERM), which then ends the run with the command that resumes it."""

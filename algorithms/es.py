@@ -347,7 +347,7 @@ def main(args: Args) -> None:
             progress.log(writer, global_step, generation, extra, force=generation == args.num_generations)
 
         # --- evaluation of the mean policy, checkpoint (process 0), stop requests (every process at once) ---
-        evaluate_checkpoint_or_stop(run, args, generation, global_step, policy, theta, optimizer, obs_rms)
+        end_iteration(run, args, generation, global_step, policy, theta, optimizer, obs_rms)
 
     # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (process 0) ---
     end_run(args, run, policy, theta, obs_rms, global_step)
@@ -673,7 +673,7 @@ def restore_run(run: types.SimpleNamespace, policy: Policy, theta, optimizer, ob
     return ckpt["global_step"], ckpt["generation"] + 1
 
 
-def evaluate_checkpoint_or_stop(run, args: Args, generation: int, global_step: int, policy, theta, optimizer, obs_rms):
+def end_iteration(run, args: Args, generation: int, global_step: int, policy, theta, optimizer, obs_rms):
     """After each generation, process 0 evaluates the unperturbed mean policy (every --eval-every generations) and
     writes a checkpoint (every --checkpoint-every, and on a stop); a stop asked of any process stops them all."""
     if run.rank == 0:

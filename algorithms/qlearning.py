@@ -239,7 +239,7 @@ def main(args: Args) -> None:
             td_count = 0
 
         # --- evaluation, checkpoint, stop requests ---
-        evaluate_table_save_or_stop(args, run, q, envs, global_step, iteration)
+        end_iteration(args, run, q, envs, global_step, iteration)
 
     # --- end (end_run, below): the greedy policy drawn; the final table saved, reloaded and evaluated ---
     envs.close()
@@ -454,9 +454,7 @@ def log_table_progress(args: Args, run: types.SimpleNamespace, q: torch.Tensor, 
     run.progress.log(run.writer, global_step, global_step, exact_text, force=last)
 
 
-def evaluate_table_save_or_stop(
-    args: Args, run: types.SimpleNamespace, q: torch.Tensor, envs, global_step: int, iteration: int
-):
+def end_iteration(args: Args, run: types.SimpleNamespace, q: torch.Tensor, envs, global_step: int, iteration: int):
     """The end of an iteration: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every steps
     and on a stop request (Ctrl-C, SIGTERM), which then ends the run."""
     if crossed(global_step, args.num_envs, args.eval_every):
