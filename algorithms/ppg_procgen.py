@@ -507,10 +507,9 @@ def main(args: Args) -> None:
     actions = torch.zeros((T, N), dtype=torch.long, device=device)
     logprobs = torch.zeros((T, N), device=device)
     values = torch.zeros((T, N), device=device)
-    rewards = torch.zeros((T, N), device=device)
-    terminations = torch.zeros((T, N), device=device)
-    dones = torch.zeros((T, N), device=device)
-    valid = torch.zeros((T, N), device=device)  # 0 on the reset step of next-step autoreset: no transition
+    step_rows = torch.zeros((4, T, N), device=device)  # a step's rows, filled on the host, then one copy
+    # valid: 0 on the reset step of next-step autoreset, which is no transition
+    rewards, terminations, dones, valid = step_rows.unbind()
     next_obs = torch.as_tensor(envs.reset()[0], device=device)
     next_valid = np.ones(N, dtype=bool)
     running_return = np.zeros(N)  # the reward scaling's discounted return
@@ -533,7 +532,6 @@ def main(args: Args) -> None:
         for step in range(T):
             global_step += args.num_envs  # every process's envs
             obs[step] = next_obs
-            valid[step] = torch.as_tensor(next_valid)
             with torch.no_grad():
                 actions[step], logprobs[step], values[step] = steps["act"](next_obs)
             frames, reward, term, trunc, _ = finite_step(envs.step(actions[step].cpu().numpy()), global_step)
@@ -546,9 +544,8 @@ def main(args: Args) -> None:
             if return_rms is not None:
                 # the reference's RewardNormalizer discounts with 0.99; here --gamma (docs/ppg_procgen.md)
                 reward, running_return = scale_reward(reward, running_return, done, return_rms, args.gamma)
-            rewards[step] = torch.as_tensor(reward)
-            terminations[step] = torch.as_tensor(term)
-            dones[step] = torch.as_tensor(done)
+            host_rows = np.array([reward, term, done, next_valid], "float32")
+            step_rows[:, step] = torch.from_numpy(host_rows)
             next_obs = torch.as_tensor(frames, device=device)
             next_valid = ~done
 
