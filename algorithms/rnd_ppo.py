@@ -587,7 +587,7 @@ def main(args: Args) -> None:
             done = term | trunc
             # the extrinsic reward clipped to its sign in the learner, as the reference's ClipRewardEnv
             trained = np.sign(reward) if args.reward_clip else reward
-            step_rows[:, step] = torch.as_tensor(np.float32([trained, term, done, next_valid]))  # one copy
+            step_rows[:, step] = torch.from_numpy(np.array([trained, term, done, next_valid], "float32"))
             if state is not None:
                 # an episode starts at the step after the reset step, where the memory is zeroed: the reset
                 # step acts on the episode's last observation, whose value (a truncation's bootstrap) needs it
