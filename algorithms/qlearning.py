@@ -247,30 +247,25 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, optimum, checks), then the shared plumbing.
-# --- This file's machinery: presets, envs, exact evaluation, logging, checkpoints, pictures, storage, checks, start, end ---
 import difflib
 import time
 import types
 
 import gymnasium as gym
+from gymnasium.envs.toy_text.frozen_lake import MAPS
 
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
+# Raise it when a checkpoint's or model's fields change, so that --resume refuses another layout in one line
 CHECKPOINT_FORMAT = 1
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-RANGES = dict(
-    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", num_envs="[1, inf)",
-    gamma="[0, 1]", learning_rate="(0, 1]", end_learning_rate="(0, 1]", start_e="[0, 1]", end_e="[0, 1]",
-    exploration_fraction="[0, 1]", max_episode_steps="[0, inf)", bins="[1, 1000000]", optimum_tolerance="[0, inf)",
-)  # fmt: skip
+RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", num_envs="[1, inf)", gamma="[0, 1]",
+    learning_rate="(0, 1]", end_learning_rate="(0, 1]", start_e="[0, 1]", end_e="[0, 1]", exploration_fraction="[0, 1]",
+    max_episode_steps="[0, inf)", bins="[1, 1000000]", optimum_tolerance="[0, inf)")  # fmt: skip
 
-# Defaults per env that reach the exact optimum (toy text) or a good return (discretised classic control); a flag
-# given on the command line wins. FrozenLake8x8: gamma 0.995 has the best greedy policy under its 200-step limit.
-# Taxi is deterministic, so a constant step size of 1 copies each target exactly (asynchronous value iteration).
+# Defaults per env that reach the exact optimum (toy text) or a good return (classic control on a grid); typed flags win.
+# FrozenLake8x8: the best greedy policy under its 200-step limit; Taxi, deterministic: asynchronous value iteration.
 PRESETS = {
-    "FrozenLake-v1": dict(),
     "FrozenLake8x8-v1": dict(total_timesteps=4_000_000, gamma=0.995),
     "Taxi-v3": dict(learning_rate=1.0, end_learning_rate=1.0, optimum_tolerance=0.1),
     "CliffWalking-v0": dict(total_timesteps=100_000, max_episode_steps=100, learning_rate=0.5, end_learning_rate=0.5),
@@ -314,124 +309,61 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def env_time_limit(env_id: str) -> int | None:
-    """The env's own episode limit; None where it has none (CliffWalking)."""
-    if envpool_has(env_id):
-        limit = envpool.make_spec(env_id).config.max_episode_steps
-        return None if limit >= 2**31 - 1 else int(limit)
-    env = gym.make(env_id)  # imports the module of a 'module:Env-v0' id, which gym.spec does not
-    limit = env.spec.max_episode_steps
-    env.close()
-    return limit
-
-
-class EpisodeCap:
-    """Truncates episodes after `cap` steps with the same next-step autoreset, for envpool envs that ignore
-    max_episode_steps (CliffWalking): the step after the cap resets the capped envs and steps the others."""
-
-    def __init__(self, envs, cap: int):
-        self.envs, self.cap, self.num_envs = envs, cap, envs.config["num_envs"]
-        self.single_observation_space, self.single_action_space = envs.observation_space, envs.action_space
-
-    def reset(self):
-        obs, info = self.envs.reset()
-        self.elapsed = np.zeros(self.num_envs, dtype=np.int64)
-        self.resetting = np.zeros(self.num_envs, dtype=bool)  # the next step is a reset step (after a done)
-        self.capped = np.zeros(self.num_envs, dtype=bool)  # the next step must reset by hand
-        return obs, info
-
-    def step(self, actions: np.ndarray):
-        if self.capped.any():
-            run, capped = np.flatnonzero(~self.capped), np.flatnonzero(self.capped)
-            n, space = self.num_envs, self.single_observation_space
-            obs = np.zeros((n,) + space.shape, space.dtype)
-            reward, term, trunc = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
-            if run.size:
-                o, r, te, tr, info = self.envs.step(actions[run], run)
-                ids = info["env_id"]
-                obs[ids], reward[ids], term[ids], trunc[ids] = o, r, te, tr
-            obs[capped] = self.envs.reset(capped)[0]
-        else:
-            obs, reward, term, trunc, _ = self.envs.step(actions)
-        self.elapsed = np.where(self.resetting | self.capped, 0, self.elapsed + 1)
-        self.capped = (self.elapsed >= self.cap) & ~(term | trunc)
-        trunc = trunc | self.capped
-        self.resetting = term | trunc
-        return obs, reward, term, trunc, {}
-
-    def close(self):
-        self.envs.close()
-
-
 def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int = 0):
-    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
-
-    After a step that ends an episode, the next step ignores its action and returns reward 0 and the first
-    observation of the next episode; the training loop masks that step out. `max_episode_steps` > 0 caps episodes.
-    """
-    if envpool_has(env_id):
-        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
-        limit = env_time_limit(env_id)
-        if max_episode_steps and (limit is None or max_episode_steps < limit):
-            envs = EpisodeCap(envs, max_episode_steps)
-        return envs
-    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
-    cap = dict(max_episode_steps=max_episode_steps) if max_episode_steps else {}
-    next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **cap)
+    """A vector env with next-step autoreset (docs/conventions.md): envpool's where it has the id, gymnasium's otherwise."""
+    if envpool_has(env_id) and not (max_episode_steps and episode_horizon(env_id) is None):
+        cap = dict(max_episode_steps=episode_horizon(env_id, max_episode_steps)) if max_episode_steps else {}
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **cap)
+    # gymnasium 1.x resets on the next step too; it runs a capped CliffWalking, as envpool ignores a cap where it has no limit
+    next_step = dict(vectorization_mode="sync", vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP))
+    envs = gym.make_vec(GYMNASIUM_IDS.get(env_id, env_id), num_envs, **next_step, max_episode_steps=max_episode_steps or None)
     envs.reset(seed=seed)
     return envs
 
 
 def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
+    """The grid over Box observations, between the flags' bounds or the space's; Grid() (none) for Discrete ones."""
     if isinstance(obs_space, gym.spaces.Discrete):
         return Grid()
     low = np.asarray(obs_low if obs_low is not None else obs_space.low, dtype=np.float64).reshape(-1)
     high = np.asarray(obs_high if obs_high is not None else obs_space.high, dtype=np.float64).reshape(-1)
-    dims = int(np.prod(obs_space.shape))
-    if low.size != dims or high.size != dims:
+    if low.size != (dims := int(np.prod(obs_space.shape))) or high.size != dims:
         fail(f"--obs-low and --obs-high need {dims} values each, one per dimension of {obs_space}; pass {dims} to each")
     if (bad := np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))).size:
-        fail(f"the grid (its bounds are not finite in dimensions {bad.tolist()}) is unbounded in some dimensions; give "
-             f"the grid's bounds with --obs-low and --obs-high ({dims} values each)")  # fmt: skip
+        fail(f"the grid is unbounded in dimensions {bad.tolist()}; bound it with --obs-low and --obs-high ({dims} each)")
     if (bad := np.flatnonzero(~(high > low))).size:
         fail(f"the grid is empty in dimensions {bad.tolist()} (high <= low); pass each --obs-high above its --obs-low")
     return Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
 
 
-def table_env(env_id: str):
-    """gymnasium's env of env_id, unwrapped, where it has a transition table (env.unwrapped.P over Discrete states:
-    toy text); None elsewhere."""
-    try:
-        env = gym.make(GYMNASIUM_IDS.get(env_id, env_id)).unwrapped
-    except gym.error.Error:
-        return None
-    return env if hasattr(env, "P") and isinstance(env.observation_space, gym.spaces.Discrete) else None
-
-
-def episode_horizon(env_id: str, max_episode_steps: int) -> int | None:
-    """The steps an episode lasts at most, the exact evaluation's horizon: the env's limit or --max-episode-steps,
-    whichever is shorter; None where neither is set."""
-    return min([h for h in (env_time_limit(env_id), max_episode_steps) if h], default=None)
+def episode_horizon(env_id: str, max_episode_steps: int = 0) -> int | None:
+    """The steps an episode lasts at most: the env's limit or max_episode_steps, the shorter; None where neither is set."""
+    if envpool_has(env_id):
+        limit = envpool.make_spec(env_id).config.max_episode_steps
+    else:
+        with gym.make(env_id) as env:  # imports the module of a 'module:Env-v0' id, which gym.spec does not
+            limit = env.spec.max_episode_steps
+    return min([h for h in (limit, max_episode_steps) if h and h < 2**31 - 1], default=None)  # envpool's "none": 2**31 - 1
 
 
 def transition_tables(env_id: str):
     """(P[s, a, s'], expected reward R[s, a], terminal mass T[s, a, s'], start distribution) from gymnasium's
-    env.unwrapped.P, or None where the env has none. The start distribution is gymnasium's: the same single state as
-    envpool's on FrozenLake and CliffWalking; on Taxi gymnasium's 300 states (optimum 7.93, the published figure)
-    where envpool's Taxi-v3 starts from 400 (optimum 9.555; docs/qlearning.md, implementation detail 11)."""
-    env = table_env(env_id)
-    if env is None:
+    env.unwrapped.P over Discrete states (toy text); None elsewhere. gymnasium's Taxi starts from 300 states (optimum 7.93,
+    the published figure), envpool's Taxi-v3 from 400 (optimum 9.555; docs/qlearning.md, implementation detail 11)."""
+    try:
+        env = gym.make(GYMNASIUM_IDS.get(env_id, env_id)).unwrapped
+    except gym.error.Error:
+        return None
+    if not hasattr(env, "P") or not isinstance(env.observation_space, gym.spaces.Discrete):
         return None
     num_states, num_actions = env.observation_space.n, env.action_space.n
     P, T = np.zeros((num_states, num_actions, num_states)), np.zeros((num_states, num_actions, num_states))
     R = np.zeros((num_states, num_actions))
-    for s in range(num_states):
-        for a in range(num_actions):
-            for p, s2, r, terminated in env.P[s][a]:
-                P[s, a, s2] += p
-                R[s, a] += p * r
-                T[s, a, s2] += p * terminated
+    for s, a in np.ndindex(num_states, num_actions):
+        for p, s2, r, terminated in env.P[s][a]:
+            P[s, a, s2] += p
+            R[s, a] += p * r
+            T[s, a, s2] += p * terminated
     return P, R, T, np.asarray(env.initial_state_distrib)
 
 
@@ -471,50 +403,33 @@ def end_iteration(args: Args, run: types.SimpleNamespace, q: torch.Tensor, envs,
 
 def grid_map(env_id: str) -> tuple[list[str], str] | None:
     """(map rows, arrow per action) for the grid worlds; None for other envs."""
-    from gymnasium.envs.toy_text.frozen_lake import MAPS
-
-    cliff = (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")
-    maps = {"FrozenLake-v1": (MAPS["4x4"], "←↓→↑"), "FrozenLake8x8-v1": (MAPS["8x8"], "←↓→↑")}
-    return {**maps, "CliffWalking-v0": cliff, "CliffWalking-v1": cliff}.get(env_id)
+    lake, cliff = "←↓→↑", (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")
+    maps = {"FrozenLake-v1": (MAPS["4x4"], lake), "FrozenLake8x8-v1": (MAPS["8x8"], lake), "CliffWalking-v1": cliff}
+    return maps.get(GYMNASIUM_IDS.get(env_id, env_id))
 
 
 def policy_text(q: np.ndarray, rows: list[str], arrows: str) -> str:
     """The greedy policy as a text grid: an arrow on each cell the agent can stand on, the map's letter elsewhere."""
-    actions = q.argmax(1)
-    cells = [[c if c in "HGC" else arrows[actions[i * len(row) + j]] for j, c in enumerate(row)] for i, row in enumerate(rows)]
-    return "\n".join(" ".join(row) for row in cells)
+    a = q.argmax(1).reshape(len(rows), -1)
+    return "\n".join(" ".join(c if c in "HGC" else arrows[a[i, j]] for j, c in enumerate(row)) for i, row in enumerate(rows))
 
 
 def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, title: str) -> None:
-    """Greedy policy as arrows over the map, state values max_a Q(s, a) as colours."""
+    """The greedy policy's arrows over the map, on state values max_a Q(s, a) as colours."""
     from matplotlib.figure import Figure  # drawn without pyplot, so no display or backend is needed
-    from matplotlib.patches import Rectangle
 
     h, w = len(rows), len(rows[0])
-    values = q.max(1).reshape(h, w)
-    special = np.array([[c in "HGC" for c in row] for row in rows])
+    special = np.array([[c in "HGC" for c in row] for row in rows])  # holes, cliff, goal: letters on white
     fig = Figure(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
     ax = fig.subplots()
-    im = ax.imshow(np.ma.masked_array(values, special), cmap="viridis")
+    im = ax.imshow(np.ma.masked_array(q.max(1).reshape(h, w), special), cmap="viridis")
     fig.colorbar(im, ax=ax, label="V(s) = max_a Q(s, a), discounted", fraction=0.046 if w > h else 0.1)
-    dx = {"←": (-1, 0), "→": (1, 0), "↑": (0, -1), "↓": (0, 1)}
-    names = {"H": "hole", "G": "goal", "C": "cliff"}
-    for i in range(h):
-        for j in range(w):
-            c = rows[i][j]
-            if c in names:
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="black" if c != "G" else "gold"))
-                ax.text(j, i, names[c], ha="center", va="center", fontsize=7, color="white" if c != "G" else "black")
-                continue
-            u, v = dx[arrows[int(q[i * w + j].argmax())]]
-            style = dict(head_width=0.18, head_length=0.14, length_includes_head=True, color="white")
-            ax.arrow(j - 0.3 * u, i - 0.3 * v, 0.6 * u, 0.6 * v, **style)
-            if c == "S":
-                ax.text(j - 0.42, i - 0.3, "start", fontsize=6, color="white")
+    for i, line in enumerate(policy_text(q, rows, arrows).splitlines()):
+        for j, label in enumerate(line.split()):
+            ax.text(j, i, label, ha="center", va="center", fontsize=14, color="black" if special[i, j] else "white")
     ax.set(xticks=[], yticks=[])
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
@@ -532,54 +447,39 @@ def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device, grid: Grid) -> dict:
-    """The run's big stores, for check_storage: the float64 table on the training device; the transition tables of the
-    exact optimum in host memory (transition_tables: two float64 S x A x S arrays, where gymnasium has the env's P and
-    the episode has a horizon)."""
-    rows, num_actions = (int(obs_space.n) if not grid.bins else grid.num_states), int(action_space.n)  # exact integers
-    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = " if grid.bins else ""
-    size += f"{rows:,}" if rows < 10**12 else f"{float(rows):.2g}"
-    spec = gym.registry.get(GYMNASIUM_IDS.get(args.env_id, args.env_id))
-    toy_text = spec is not None and str(spec.entry_point).startswith("gymnasium.envs.toy_text")
-    horizon = env_time_limit(args.env_id) or args.max_episode_steps
+    """For check_storage: the float64 table on the device; on toy text, transition_tables' arrays in host memory."""
+    rows, num_actions = (grid.num_states if grid.bins else int(obs_space.n)), int(action_space.n)  # exact integers
+    size = f"{rows:,}" if rows < 10**12 else f"{float(rows):.2g}"
+    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = {size}" if grid.bins else size
     fix = "lower --bins, or use dqn.py" if grid.bins else "use dqn.py"
-    stores = {f"the table ({size} rows x {action_space.n} actions)": (rows * num_actions * 8, device, fix)}
-    if not grid.bins and toy_text and horizon:
-        need = (8 * rows * num_actions * (2 * rows + 1), torch.device("cpu"), "use dqn.py for a state space this large")
-        stores[f"the exact optimum's transition tables ({rows:,} states)"] = need
+    stores = {f"the table ({size} rows x {num_actions} actions)": (rows * num_actions * 8, device, fix)}
+    toy_text = "toy_text" in str(getattr(gym.registry.get(GYMNASIUM_IDS.get(args.env_id, args.env_id)), "entry_point", ""))
+    if not grid.bins and toy_text and episode_horizon(args.env_id, args.max_episode_steps):
+        need = 8 * rows * num_actions * (2 * rows + 1)
+        stores[f"the exact optimum's transition tables ({rows:,} states)"] = (need, torch.device("cpu"), "use dqn.py")
     return stores
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Grid:
-    """What the ranges alone cannot tell: whether the env's spaces make a table of sensible size, and flags that only
-    make sense together. Returns the grid of the table's rows."""
+    """The env's spaces (a table of sensible size) and flags that only make sense together; returns the table's grid."""
     if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
-        fail(f"it trains one table updated step by step in one process, and torchrun started {processes}; "
-             "run it with python (benchmark/run.py runs seeds and envs side by side)")  # fmt: skip
-    env_id = args.env_id
+        fail(f"it trains one table updated step by step in one process, and torchrun started {processes}; run it with python")
+    env_id, discrete = args.env_id, isinstance(obs_space, gym.spaces.Discrete)
     if not isinstance(action_space, gym.spaces.Discrete) or action_space.start != 0:
-        instead = "use ppo.py or ddpg_td3.py" if isinstance(action_space, gym.spaces.Box) else "pick one with Discrete actions"
-        fail(f"qlearning.py needs a Discrete action space (a table column per action); {env_id} has {action_space}; {instead}")
+        fail(f"it needs a Discrete action space (a column per action); {env_id} has {action_space}; use ppo.py or ddpg_td3.py")
     if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
-        fail(f"qlearning.py cannot tabulate {env_id}'s {obs_space.shape} image observations; use dqn.py for images")
+        fail(f"it cannot tabulate {env_id}'s {obs_space.shape} image observations; use dqn.py for images")
     if not isinstance(obs_space, (gym.spaces.Discrete, gym.spaces.Box)) or getattr(obs_space, "start", 0) != 0:
-        fail(f"qlearning.py needs Discrete or Box observations (a table row each); {env_id} has {obs_space}; pick another env")
-    if isinstance(obs_space, gym.spaces.Discrete) and (args.obs_low is not None or args.obs_high is not None):
-        fail(f"--obs-low and --obs-high bound the grid over Box observations, and {env_id}'s are Discrete; leave them out")
+        fail(f"it needs Discrete or Box observations (a table row each); {env_id} has {obs_space}; pick another env")
     grid = make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
-    evaluates = args.eval_every > 0 or args.save_model
-    # main's exact optimum needs a row per state, gymnasium's transition table and a horizon; looked up only when asked
-    exact = "optimum_tolerance" not in getattr(args, "typed", ()) or bool(
-        not grid.bins and episode_horizon(env_id, args.max_episode_steps) and table_env(env_id) is not None
-    )
+    # the exact optimum needs a row per state, gymnasium's transition table and a horizon: looked up only when asked
+    typed = "optimum_tolerance" in getattr(args, "typed", ())
+    no_exact = typed and not (discrete and episode_horizon(env_id, args.max_episode_steps) and transition_tables(env_id))
     refuse_meaningless(args, [
-        (("bins", "obs_low", "obs_high"), isinstance(obs_space, gym.spaces.Discrete),
-         f"shapes the grid over Box observations, and {env_id}'s are Discrete (a table row each)"),
-        (("end_learning_rate",), not args.lr_decay,
-         "is where --lr-decay ends, and this run keeps its step size (--no-lr-decay)"),
-        (("eval_episodes",), not evaluates, "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("optimum_tolerance",), not exact,
-         "is for the exact optimum, which this run does not compute (it needs a toy-text env's transition tables in "
-         "gymnasium, and a time limit or --max-episode-steps)"),
+        (("bins", "obs_low", "obs_high"), discrete, f"shapes the grid over Box observations, and {env_id}'s are Discrete"),
+        (("end_learning_rate",), not args.lr_decay, "is where --lr-decay ends, and this run keeps its step size"),
+        (("eval_episodes",), not (args.eval_every or args.save_model), "sets the evaluations, and this run has none"),
+        (("optimum_tolerance",), no_exact, "is for the exact optimum: toy text with a time limit or --max-episode-steps"),
     ])  # fmt: skip
     args.num_iterations = args.total_timesteps // args.num_envs
     if args.num_iterations < 1:

@@ -172,7 +172,8 @@ def test_discretiser_maps_bounds_edges_and_out_of_range_values_to_the_right_cell
 
 
 def test_episode_cap_truncates_then_resets_on_the_next_step():
-    """envpool's CliffWalking ignores max_episode_steps; the cap truncates at 5 steps with next-step autoreset."""
+    """envpool's CliffWalking ignores max_episode_steps, so a capped one is gymnasium's: truncated at 5 steps, with
+    next-step autoreset as envpool's."""
     envs = qlearning.make_env("CliffWalking-v0", 2, seed=0, max_episode_steps=5)
     obs, _ = envs.reset()
     assert obs.tolist() == [36, 36]
