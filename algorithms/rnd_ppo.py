@@ -2,8 +2,8 @@
 
 Reading guide: this part is the algorithm, down to the line that begins `# The algorithm ends here`: Args,
 the agent and RND's networks, the running statistics, the maths of the intrinsic reward and of both advantage
-streams, the update and `main`. Below it: this file's machinery (run flags, envs, rooms, torchrun, evaluation,
-checks, start_run, end_run), then the run plumbing all eight files share. docs/rnd_ppo.md has the sources.
+streams, the update and `main`. Below it: this file's machinery (envs, rooms, torchrun, evaluation, checks,
+start_run, end_run), then the run plumbing all eight files share. docs/rnd_ppo.md has the sources.
 """
 
 import os
@@ -89,13 +89,36 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available"""
     compile: bool = False
-    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: the eager code
-    runs)"""
+    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: eager code runs)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead"); needs CUDA, implies --compile"""
     bf16: bool = False
     """the agent's trunk and RND's networks in bfloat16 autocast; weights, heads and losses stay float32"""
-    # then RunFlags (below): evaluation, checkpoint, video and progress flags; sizes computed by check_args
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
+    save_model: bool = False
+    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax); off: the sampled policy, the one trained and reported"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory, with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    # --- computed by check_args ---
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """batch_size // num_minibatches (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (WORLD_SIZE under torchrun), each with num_envs / world_size (computed)"""
 
 
 # Networks: the reference's (openai/random-network-distillation), with its gains; Huang et al. 2022, detail 2:
@@ -169,8 +192,7 @@ class Agent(nn.Module):
 
 def rnd_network(predictor: bool) -> nn.Sequential:
     """The reference's target and predictor (define_self_prediction_rew) on one normalised frame: leaky-ReLU
-    convolutions (TensorFlow's slope 0.2), then 512 linear (target) or 512-512-512 with ReLUs; gains
-    sqrt(2)."""
+    convolutions (TF's slope 0.2), then 512 linear (target) or 512-512-512 with ReLUs; gains sqrt(2)."""
     layers = [
         layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.LeakyReLU(0.2),
         layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.LeakyReLU(0.2),
@@ -184,8 +206,7 @@ def rnd_network(predictor: bool) -> nn.Sequential:
 
 
 class RNDModel(nn.Module):
-    """A fixed random target network and the predictor trained to match it; the prediction error is the
-    novelty."""
+    """A fixed random target network and a predictor trained to match it; its error is the novelty."""
 
     def __init__(self, bf16: bool = False):
         super().__init__()
@@ -195,8 +216,7 @@ class RNDModel(nn.Module):
         self.to(memory_format=torch.channels_last)  # as the Agent's
 
     def error(self, x: torch.Tensor) -> torch.Tensor:
-        """Squared prediction error per observation, averaged over the 512 features (the reference's
-        int_rew)."""
+        """Squared prediction error per observation, mean of the 512 features (the reference's int_rew)."""
         x = x.contiguous(memory_format=torch.channels_last)
         device_type = "cuda" if x.is_cuda else "cpu"  # autocast's
         with torch.autocast(device_type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
@@ -322,14 +342,12 @@ def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, num_acti
 # The maths of RND: the intrinsic reward and its normalisation, both advantage streams, the losses
 def normalize_frames(frames: torch.Tensor, rms: RunningMeanStd, clip: float = 5.0) -> torch.Tensor:
     """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std; no
-    epsilon: the variance starts at 1, with a count of 1e-4, so it stays positive where a pixel never
-    changes)."""
+    epsilon: the variance starts at 1, count 1e-4, so it stays positive where a pixel never changes)."""
     return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
 
 
 def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, chunk: int) -> torch.Tensor:
-    """The intrinsic reward of each step of a rollout: the novelty of the frame it reached, (T, N, 1, 84,
-    84)."""
+    """Each rollout step's intrinsic reward: the novelty of the frame it reached, (T, N, 1, 84, 84)."""
     flat = frames.flatten(0, 1)
     errors = torch.empty(flat.shape[0], device=flat.device)
     with torch.no_grad():
@@ -340,8 +358,7 @@ def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, 
 
 def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
     """The reference's RewardForwardFilter over a (T, N) rollout: rewems = gamma * rewems + r per env, across
-    episode ends (non-episodic), not on a reset step (valid 0). Returns the value at every step, and the
-    last."""
+    episode ends (non-episodic), not on a reset step (valid 0). Returns the value at each step, the last."""
     filtered = torch.empty_like(rewards)
     for t in range(rewards.shape[0]):
         rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
@@ -350,9 +367,8 @@ def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Ten
 
 
 def normalize_intrinsic(rewards, rewems, valid, rms: RunningMeanStd, gamma: float, world_size: int = 1):
-    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4;
-    ppo_agent.py), updated first with the rollout's filtered values (not the reset steps'). Returns rewards,
-    rewems."""
+    """Intrinsic rewards over the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py),
+    updated first with the rollout's filtered values (not the reset steps'). Returns rewards, rewems."""
     filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
     if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs)
         filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
@@ -394,8 +410,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay
-    0."""
+    """Advantages to mean 0, std 1 over a minibatch's valid entries (CleanRL's norm_adv); reset steps stay 0."""
     mean = masked_mean(advantages, mask)
     var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
     return (advantages - mean) / (var.sqrt() + 1e-8) * mask
@@ -424,16 +439,14 @@ def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, 
 
 
 def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over
-    count."""
+    """The predictor's loss (the reference's aux_loss): the chosen valid frames' errors, over count."""
     return (errors * mask).sum() / count
 
 
 # The update: minibatches in chunks whose gradients add up, one optimiser step for PPO and the predictor
 def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
     """The acting step, a chunk of PPO's and of the predictor's loss (forward, loss, backward: the chunks'
-    gradients add up) and the optimiser step; eager as written here, or traced by torch.compile
-    (--compile)."""
+    gradients add up) and the optimiser step; eager as written here, or compiled (--compile)."""
 
     def ppo_chunk(mb: dict, advantages, valid, count, memory: "Memory | None" = None):
         if memory is None:
@@ -651,43 +664,6 @@ import traceback
 import types
 
 from torch.utils.tensorboard import SummaryWriter
-
-
-@dataclass
-class RunFlags:
-    """This file's run flags (evaluation, checkpoints, video, progress lines) and the values check_args computes, which
-    Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the algorithm."""
-
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
-    save_model: bool = False
-    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-
-    # --- computed by check_args, where the flags they come from are checked ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
-
-
-Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
-
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
