@@ -874,16 +874,17 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    n, per = args.num_envs // args.world_size, " per process" if args.world_size > 1 else ""
+    n, per = args.num_envs // args.world_size, " of each process" if args.world_size > 1 else ""
     if args.rnn != "none" and args.compile:  # the update's spans change length with every rollout: a compile each
         fail(f"--rnn {args.rnn} runs eagerly (its spans change with every rollout); leave out --compile and --cudagraphs")
     if args.num_envs % args.world_size:
-        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of them")
+        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of "
+             f"{args.world_size}")  # fmt: skip
     if args.world_size > 1 and args.compile:  # the gradients are averaged between backward and step, outside the graph
         fail("--compile runs in one process; with several, leave out --compile and --cudagraphs")
     if args.rnn != "none" and n % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {n}{per}: with --rnn a minibatch is "
-             "whole envs; pass a --num-minibatches that divides it")  # fmt: skip
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the {n} envs{per}: with --rnn a minibatch is "
+             "whole envs; pass a --num-minibatches that divides them")  # fmt: skip
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
