@@ -2,8 +2,8 @@
 
 Reading guide: this part is the algorithm, down to the line that begins `# The algorithm ends here`: Args,
 the agent and RND's networks, the running statistics, the maths of the intrinsic reward and of both advantage
-streams, the update and `main`. Below it: this file's machinery (run flags, envs, rooms, torchrun, evaluation,
-checks, start_run, end_run), then the run plumbing all eight files share. docs/rnd_ppo.md has the sources.
+streams, the update and `main`. Below it: this file's machinery (envs, rooms, torchrun, evaluation, checks,
+start_run, end_run), then the run plumbing all eight files share. docs/rnd_ppo.md has the sources.
 """
 
 import os
@@ -89,13 +89,36 @@ class Args:
     cuda: bool = True
     """use CUDA when it is available"""
     compile: bool = False
-    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: the eager code
-    runs)"""
+    """torch.compile the acting step, the minibatch chunks and the optimiser step (off: eager code runs)"""
     cudagraphs: bool = False
     """CUDA graphs on top of --compile (torch.compile's "reduce-overhead"); needs CUDA, implies --compile"""
     bf16: bool = False
     """the agent's trunk and RND's networks in bfloat16 autocast; weights, heads and losses stay float32"""
-    # then RunFlags (below): evaluation, checkpoint, video and progress flags; sizes computed by check_args
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
+    save_model: bool = False
+    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax); off: the sampled policy, the one trained and reported"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory, with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    # --- computed by check_args ---
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    minibatch_size: tyro.conf.Suppress[int] = 0
+    """batch_size // num_minibatches (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (WORLD_SIZE under torchrun), each with num_envs / world_size (computed)"""
 
 
 # Networks: the reference's (openai/random-network-distillation), with its gains; Huang et al. 2022, detail 2:
@@ -108,9 +131,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
 
 class Agent(nn.Module):
     """The reference's CnnPolicy (cnn_policy_param_matched.py, extrahid): three convolutions (the third 4x4;
-    CleanRL's is 3x3), dense 256 and 448, then a residual dense layer each for the policy and both value
-    heads; orthogonal gains sqrt(2), 0.1 in the residual layers, 0.01 on the heads. --rnn: a recurrent layer
-    before those."""
+    CleanRL's 3x3), dense 256 and 448 (--rnn: then the recurrent layer), a residual dense layer each for the
+    policy and both values; orthogonal gains sqrt(2), 0.1 in the residual layers, 0.01 on the heads."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, rnn="none", rnn_size=128, bf16=False):
         super().__init__()
@@ -169,8 +191,7 @@ class Agent(nn.Module):
 
 def rnd_network(predictor: bool) -> nn.Sequential:
     """The reference's target and predictor (define_self_prediction_rew) on one normalised frame: leaky-ReLU
-    convolutions (TensorFlow's slope 0.2), then 512 linear (target) or 512-512-512 with ReLUs; gains
-    sqrt(2)."""
+    convolutions (TF's slope 0.2), then 512 linear (target) or 512-512-512 with ReLUs; gains sqrt(2)."""
     layers = [
         layer_init(nn.Conv2d(1, 32, 8, stride=4)), nn.LeakyReLU(0.2),
         layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.LeakyReLU(0.2),
@@ -184,8 +205,7 @@ def rnd_network(predictor: bool) -> nn.Sequential:
 
 
 class RNDModel(nn.Module):
-    """A fixed random target network and the predictor trained to match it; the prediction error is the
-    novelty."""
+    """A fixed random target network and a predictor trained to match it; its error is the novelty."""
 
     def __init__(self, bf16: bool = False):
         super().__init__()
@@ -195,8 +215,7 @@ class RNDModel(nn.Module):
         self.to(memory_format=torch.channels_last)  # as the Agent's
 
     def error(self, x: torch.Tensor) -> torch.Tensor:
-        """Squared prediction error per observation, averaged over the 512 features (the reference's
-        int_rew)."""
+        """Squared prediction error per observation, mean of the 512 features (the reference's int_rew)."""
         x = x.contiguous(memory_format=torch.channels_last)
         device_type = "cuda" if x.is_cuda else "cpu"  # autocast's
         with torch.autocast(device_type, torch.bfloat16, enabled=self.dtype == torch.bfloat16):
@@ -261,9 +280,8 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
 
 
 class RunningMeanStd:
-    """Mean and variance of everything passed to update(), kept on the device in float64. Under torchrun, of
-    every process's rows, in process order: every process keeps the same statistics, those of one process with
-    all the envs."""
+    """Mean and variance of everything passed to update(), on the device in float64; under torchrun, of every
+    process's rows in process order: every process keeps the statistics of one process with all the envs."""
 
     def __init__(self, shape: tuple, device: torch.device, world_size: int = 1):
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
@@ -285,9 +303,8 @@ class RunningMeanStd:
 
 
 def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 64, world_size: int = 1):
-    """Merge the per-pixel moments of uint8 frames (n, 1, 84, 84) into rms: sums of pixels and of their
-    squares over chunks of 64 frames in float32 (whole numbers below 2^24, so exact; in the cache), added up
-    in float64."""
+    """Merge the per-pixel moments of uint8 frames (n, 1, 84, 84) into rms: sums of pixels and squares over
+    chunks of 64 frames in float32 (whole numbers below 2^24: exact; in the cache), added up in float64."""
     flat = frames.flatten(1)
     total = torch.zeros(flat.shape[1], dtype=torch.float64, device=frames.device)
     squares = torch.zeros_like(total)
@@ -307,9 +324,8 @@ def update_frame_stats(rms: RunningMeanStd, frames: torch.Tensor, chunk: int = 6
 
 
 def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, num_actions: int, args: Args):
-    """The observation statistics from random actions (the reference's collect_random_statistics,
-    run_atari.py): rollouts of every env into `frames`, the statistics updated after each; yields their count
-    (progress lines)."""
+    """Observation statistics from random actions (the reference's collect_random_statistics, run_atari.py):
+    rollouts of every env into `frames`, the statistics updated after each; yields their count (progress)."""
     num_steps, num_envs = frames.shape[:2]
     for i in range(args.num_iterations_obs_norm_init):
         for step in range(num_steps):
@@ -322,14 +338,12 @@ def init_obs_stats(envs, obs_rms: RunningMeanStd, frames: torch.Tensor, num_acti
 # The maths of RND: the intrinsic reward and its normalisation, both advantage streams, the losses
 def normalize_frames(frames: torch.Tensor, rms: RunningMeanStd, clip: float = 5.0) -> torch.Tensor:
     """RND's input: (x - mean) / std per pixel, clipped to [-5, 5] (the reference's ph_mean / ph_std; no
-    epsilon: the variance starts at 1, with a count of 1e-4, so it stays positive where a pixel never
-    changes)."""
+    epsilon: the variance starts at 1, count 1e-4, so it stays positive where a pixel never changes)."""
     return ((frames.float() - rms.mean.float()) / rms.var.float().sqrt()).clamp(-clip, clip)
 
 
 def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, chunk: int) -> torch.Tensor:
-    """The intrinsic reward of each step of a rollout: the novelty of the frame it reached, (T, N, 1, 84,
-    84)."""
+    """Each rollout step's intrinsic reward: the novelty of the frame it reached, (T, N, 1, 84, 84)."""
     flat = frames.flatten(0, 1)
     errors = torch.empty(flat.shape[0], device=flat.device)
     with torch.no_grad():
@@ -340,8 +354,7 @@ def prediction_errors(rnd: RNDModel, frames: torch.Tensor, rms: RunningMeanStd, 
 
 def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Tensor, gamma: float):
     """The reference's RewardForwardFilter over a (T, N) rollout: rewems = gamma * rewems + r per env, across
-    episode ends (non-episodic), not on a reset step (valid 0). Returns the value at every step, and the
-    last."""
+    episode ends (non-episodic), not on a reset step (valid 0). Returns the value at each step, the last."""
     filtered = torch.empty_like(rewards)
     for t in range(rewards.shape[0]):
         rewems = torch.where(valid[t].bool(), rewems * gamma + rewards[t], rewems)
@@ -350,9 +363,8 @@ def forward_filter(rewards: torch.Tensor, rewems: torch.Tensor, valid: torch.Ten
 
 
 def normalize_intrinsic(rewards, rewems, valid, rms: RunningMeanStd, gamma: float, world_size: int = 1):
-    """Intrinsic rewards divided by the running std of their discounted sum (Burda et al. 2019, section 2.4;
-    ppo_agent.py), updated first with the rollout's filtered values (not the reset steps'). Returns rewards,
-    rewems."""
+    """Intrinsic rewards over the running std of their discounted sum (Burda et al. 2019, section 2.4; ppo_agent.py),
+    updated first with the rollout's filtered values (not the reset steps'). Returns rewards, rewems."""
     filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
     if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs)
         filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
@@ -394,8 +406,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def standardize(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Advantages over a minibatch's valid entries to mean 0 and std 1 (CleanRL's norm_adv); reset steps stay
-    0."""
+    """Advantages to mean 0, std 1 over a minibatch's valid entries (CleanRL's norm_adv); reset steps: 0."""
     mean = masked_mean(advantages, mask)
     var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
     return (advantages - mean) / (var.sqrt() + 1e-8) * mask
@@ -424,16 +435,14 @@ def rnd_ppo_loss(logits, actions, oldlogprob, advantages, ext_value, int_value, 
 
 
 def predictor_loss(errors: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """The predictor's loss (the reference's aux_loss): the prediction errors of the chosen valid frames, over
-    count."""
+    """The predictor's loss (the reference's aux_loss): the chosen valid frames' errors, over count."""
     return (errors * mask).sum() / count
 
 
 # The update: minibatches in chunks whose gradients add up, one optimiser step for PPO and the predictor
 def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer, params: list, args: Args):
     """The acting step, a chunk of PPO's and of the predictor's loss (forward, loss, backward: the chunks'
-    gradients add up) and the optimiser step; eager as written here, or traced by torch.compile
-    (--compile)."""
+    gradients add up) and the optimiser step; eager as written here, or compiled (--compile)."""
 
     def ppo_chunk(mb: dict, advantages, valid, count, memory: "Memory | None" = None):
         if memory is None:
@@ -462,7 +471,13 @@ def training_steps(agent: Agent, rnd: RNDModel, optimizer: torch.optim.Optimizer
         optimizer.zero_grad(set_to_none=not args.compile)
 
     steps = dict(act=agent.act, ppo_chunk=ppo_chunk, predictor_chunk=predictor_chunk, step=step)
-    return compile_training_steps(steps, params, args) if args.compile else steps
+    if not args.compile:
+        return steps
+    # --compile, as LeanRL: a graph per shape; gradients made once, zeroed in place (pytorch/pytorch#169545)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
+    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
 
 
 class Memory(NamedTuple):
@@ -504,9 +519,8 @@ def minibatches(args: Args, device: torch.device, memory: Memory | None, batch_s
 
 
 def rnd_ppo_update(steps: dict, batch: dict, obs_rms: RunningMeanStd, args: Args, memory=None):
-    """Epochs of minibatches, each in chunks whose gradients add up: PPO's loss on all of it, the predictor's
-    on its chosen frames, one optimiser step for both. Returns each loss term's mean over the minibatches, by
-    name."""
+    """Epochs of minibatches in chunks whose gradients add up: PPO's loss on all, the predictor's on its
+    chosen frames, one optimiser step for both. Returns each loss term's mean over the minibatches, by name."""
     names = ("policy_loss", "ext_value_loss", "int_value_loss", "entropy", "approx_kl", "clipfrac")
     device = batch["valid"].device
     ppo_sums = torch.zeros(len(names), device=device)
@@ -640,10 +654,9 @@ def main(args: Args) -> None:
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: run flags, presets, envs, rooms, torchrun helpers, evaluation, logs, checks, start, end
+# This file's machinery: presets, envs, rooms, torchrun helpers, evaluation, logs, checks, start, end
 # ---------------------------------------------------------------------------------------------------------------
 import difflib
-import os
 import signal
 import sys
 import time
@@ -652,57 +665,18 @@ import types
 
 from torch.utils.tensorboard import SummaryWriter
 
-
-@dataclass
-class RunFlags:
-    """This file's run flags (evaluation, checkpoints, video, progress lines) and the values check_args computes, which
-    Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the algorithm."""
-
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos"""
-    save_model: bool = False
-    """save the final model to runs/<run>/rnd_ppo.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate the policy on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax); off by default: the sampled policy is the one trained and reported"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """path of a checkpoint.pt to resume from; the run goes on in the same directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-
-    # --- computed by check_args, where the flags they come from are checked ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together, WORLD_SIZE under torchrun; each steps num_envs / world_size envs (computed)"""
-
-
-Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
-
-
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
+# The layout of checkpoints and models: raised when a field changes, so that --resume refuses an old one in one line
 CHECKPOINT_FORMAT = 2
 
 
 # The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
 RANGES = dict(
     seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)", sticky_action_prob="[0, 1]", max_episode_steps="[1, inf)",
-    total_timesteps="[1, inf)", learning_rate="(0, inf)", num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]",
-    int_gamma="[0, 1]", gae_lambda="[0, 1]", num_minibatches="[1, inf)", update_epochs="[1, inf)",
-    clip_coef="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="[0, inf)", ext_coef="[0, inf)",
-    int_coef="[0, inf)", update_proportion="(0, 1]", num_iterations_obs_norm_init="[0, inf)", chunk_size="[0, inf)",
-    rnn_size="[1, 16384]",
+    progress_interval="[0, inf)", sticky_action_prob="[0, 1]", max_episode_steps="[1, inf)", total_timesteps="[1, inf)",
+    learning_rate="(0, inf)", num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]", int_gamma="[0, 1]",
+    gae_lambda="[0, 1]", num_minibatches="[1, inf)", update_epochs="[1, inf)", clip_coef="(0, inf)", ent_coef="[0, inf)",
+    vf_coef="[0, inf)", max_grad_norm="[0, inf)", ext_coef="[0, inf)", int_coef="[0, inf)", update_proportion="(0, 1]",
+    num_iterations_obs_norm_init="[0, inf)", chunk_size="[0, inf)", rnn_size="[1, 16384]",
 )  # fmt: skip
 
 
@@ -736,11 +710,9 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int, sticky_action_prob: float, render=False):
-    """envpool Atari as the reference's make_atari and wrap_deepmind (atari_wrappers.py): sticky actions on every
-    frame, the episode cap (its TimeLimit of 4,500 x 4 frames), no life-loss episodes, no random no-op starts (envpool
-    runs at least one no-op frame: noop_max 1), no FIRE on reset, 4 max-pooled frames per step, 4 stacked 84x84 grey
-    frames. Rewards come raw: the learner clips them. Next-step autoreset: after a done, the next step ignores its
-    action and returns reward 0 and the first observation of the next episode."""
+    """envpool Atari as the reference's make_atari and wrap_deepmind (atari_wrappers.py): sticky actions on every frame,
+    the episode cap (a truncation), no life-loss episodes, no no-op starts (envpool's noop_max 1 runs one) nor FIRE on
+    reset, 4 max-pooled frames a step, 4 stacked 84x84 grey frames, raw rewards (the learner clips), next-step autoreset."""
     return envpool.make(
         env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, repeat_action_probability=sticky_action_prob,
         max_episode_steps=max_episode_steps, noop_max=1, use_fire_reset=False, episodic_life=False, reward_clip=False,
@@ -748,44 +720,23 @@ def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int, stic
     )  # fmt: skip
 
 
-# Where the reference reads the room from the RAM (atari_wrappers.py, MontezumaInfoWrapper); other games get none
-ROOM_ADDRESS = {"MontezumaRevenge": 3, "Pitfall": 1}
-
-
-def room_address(env_id: str) -> int | None:
-    return ROOM_ADDRESS.get(env_id.split("-")[0])
-
-
-def update_rooms(episode_rooms: np.ndarray, rooms_seen: np.ndarray, room: np.ndarray, episode_end: np.ndarray):
-    """Rooms per episode and over the whole run, as the reference's MontezumaInfoWrapper counts them: the room the RAM
-    shows after each step joins the env's current episode (the reset step's is the next episode's first room).
-
-    episode_rooms: (num_envs, 256) bool, the rooms of each env's current episode; rooms_seen: (256,) bool, every room
-    seen so far; room: (num_envs,) the RAM's room byte after this step; episode_end: (num_envs,) bool. Returns the new
-    episode_rooms and rooms_seen, and the number of rooms of each episode that ended on this step.
-    """
-    episode_rooms = episode_rooms.copy()
-    episode_rooms[np.arange(len(room)), room] = True
-    finished = episode_rooms[episode_end].sum(1)
-    rooms_seen = rooms_seen | episode_rooms.any(0)
-    episode_rooms[episode_end] = False
-    return episode_rooms, rooms_seen, finished
-
-
 class Rooms:
-    """The rooms of the games whose RAM shows them (ROOM_ADDRESS; other games log none): each env's current episode's,
-    the finished episodes' counts since the last log, and every room seen since the run started (`seen`, which a
-    checkpoint keeps)."""
+    """Rooms per episode and over the run, counted from the RAM as the reference's MontezumaInfoWrapper (other games
+    log none): the room after a step joins the env's episode (a reset step's, the next episode's); `finished`: (step,
+    rooms) of the episodes ended since the last log; `seen`: every room so far (checkpoints keep it)."""
+
+    ADDRESS = {"MontezumaRevenge": 3, "Pitfall": 1}  # the room byte's address in the RAM
 
     def __init__(self, env_id: str, num_envs: int, seen: np.ndarray):
-        self.address, self.seen, self.finished = room_address(env_id), seen, []
+        self.address, self.seen, self.finished = self.ADDRESS.get(env_id.split("-")[0]), seen, []
         self.episode_rooms = np.zeros((num_envs, 256), dtype=bool)
 
     def step(self, info: dict, episode_end: np.ndarray, global_step: int) -> None:
         if self.address is not None:
-            room = info["ram"][:, self.address]
-            self.episode_rooms, self.seen, ended = update_rooms(self.episode_rooms, self.seen, room, episode_end)
-            self.finished += [(global_step, rooms) for rooms in ended]
+            self.episode_rooms[np.arange(len(episode_end)), info["ram"][:, self.address]] = True
+            self.finished += [(global_step, rooms) for rooms in self.episode_rooms[episode_end].sum(1)]
+            self.seen = self.seen | self.episode_rooms.any(0)
+            self.episode_rooms[episode_end] = False
 
 
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -805,34 +756,19 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, torch.nan))
 
 
-def compile_training_steps(steps: dict, params: list, args: Args) -> dict:
-    """--compile: training_steps' functions handed to torch.compile. The gradients are allocated once and zeroed in
-    place: under CUDA graph trees a chunk's backward would leave them in the graph's memory, which the next chunk's
-    replay overwrites (pytorch/pytorch#169545). dynamic=False: one graph per shape; a shorter last chunk (of the
-    minibatch, or of its predicted part) adds at most one compile each, rather than a dynamic-shape graph."""
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    mode = "reduce-overhead" if args.cudagraphs else "default"  # reduce-overhead: inductor's CUDA graph trees
-    return {name: torch.compile(fn, mode=mode, dynamic=False) for name, fn in steps.items()}
-
-
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
-    """Play one full episode (raw score, the training env settings) on each of args.eval_episodes envs. Returns the
-    episodes' returns. Video: env 0's screen."""
-    render = video is not None
-    envs = make_env(
-        args.env_id, args.eval_episodes, args.seed + 100_000, args.max_episode_steps, args.sticky_action_prob, render
-    )
+    """The raw scores of one full episode on each of eval_episodes envs (the training settings); video: env 0's."""
+    n = args.eval_episodes
+    envs = make_env(args.env_id, n, args.seed + 100_000, args.max_episode_steps, args.sticky_action_prob, video is not None)
     obs, _ = envs.reset()
-    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
+    returns, finished = np.zeros(n), np.zeros(n, dtype=bool)
+    frames, state = [], agent.initial_state(n, device)  # memory carried through each first episode
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         with torch.no_grad():
             action, _, _, _, state = agent.act(torch.as_tensor(obs, device=device), args.eval_deterministic, state)
-            action = action.cpu().numpy()
-        obs, reward, term, trunc, _ = envs.step(action)
+        obs, reward, term, trunc, _ = envs.step(action.cpu().numpy())
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
     envs.close()
@@ -883,13 +819,8 @@ def end_iteration(run, args: Args, nets: dict, finished: list, stats: dict, expl
 
 
 def gather_rooms(rooms_seen: np.ndarray, finished_rooms: list, world_size: int):
-    """Under torchrun, the rooms any process has seen, and every process's finished episodes' room counts as (step,
-    rooms) in step order; one process: its own, as they are."""
-    if world_size == 1:
-        return rooms_seen, finished_rooms
-    everyone = gather_objects((rooms_seen, finished_rooms), world_size)
-    merged = sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0])
-    return np.logical_or.reduce([seen for seen, _ in everyone]), merged
+    """The rooms any process has seen, and every process's finished episodes' (step, rooms), as gather_episodes."""
+    return np.logical_or.reduce(gather_objects(rooms_seen, world_size)), gather_episodes(finished_rooms, world_size)
 
 
 def log_rooms(writer: SummaryWriter, finished_rooms: list, rooms_seen: np.ndarray, step: int) -> str:
@@ -902,12 +833,8 @@ def log_rooms(writer: SummaryWriter, finished_rooms: list, rooms_seen: np.ndarra
 
 
 def model_state(nets: dict, rewems: torch.Tensor) -> dict:
-    """What the policy and its intrinsic reward need, in a checkpoint and in the final model: both networks and every
-    statistic."""
-    return dict(
-        model=nets["model"].state_dict(), rnd=nets["rnd"].state_dict(), obs_rms=nets["obs_rms"].state_dict(),
-        reward_rms=nets["reward_rms"].state_dict(), rewems=rewems.cpu(),
-    )  # fmt: skip
+    """What the policy and its intrinsic reward need (checkpoint and final model): both networks, every statistic."""
+    return {key: nets[key].state_dict() for key in ("model", "rnd", "obs_rms", "reward_rms")} | dict(rewems=rewems.cpu())
 
 
 def write_checkpoint(run, args: Args, nets: dict, rewems, global_step: int, iteration: int) -> None:
@@ -924,65 +851,54 @@ def write_checkpoint(run, args: Args, nets: dict, rewems, global_step: int, iter
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage: the rollout on the training device (main's uint8 frame stacks and next
-    frames, actions and seven float32 (T, N) tensors, and the update's returns, advantages and intrinsic rewards: five
-    more)."""
+    """The rollout, for check_storage: uint8 frame stacks and next frames, int64 actions, 12 float32 (T, N) tensors."""
     T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
-    obs_size, frame_size = int(np.prod(obs_space.shape)), int(np.prod(obs_space.shape[1:]))
+    frames = int(np.prod(obs_space.shape)) + int(np.prod(obs_space.shape[1:]))  # a stack and its next frame
     rollout = f"the rollout (--num-envs {N} x --num-steps {T} steps of {shape} frames)"
-    return {rollout: (T * N * (obs_size + frame_size + 8 + 12 * 4), device, "lower --num-envs or --num-steps")}
+    return {rollout: (T * N * (frames + 8 + 12 * 4), device, "lower --num-envs or --num-steps")}
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: an Atari env, and flags that only make sense together."""
-    is_atari = envpool_has(args.env_id) and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")
-    if not is_atari:
-        shape = obs_space.shape or ()
-        what = f"{'image' if len(shape) == 3 else 'non-image'} observations of shape {shape}"
+    if not (envpool_has(args.env_id) and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")):
+        what = f"{'image' if len(obs_space.shape or ()) == 3 else 'non-image'} observations of shape {obs_space.shape or ()}"
         fail(f"rnd_ppo.py runs envpool's Atari games, and {args.env_id} has {what}, not Atari frames; run ppo.py for it")
-    evaluates = args.eval_every > 0 or args.save_model
+    cuda = args.cuda and torch.cuda.is_available()
     refuse_meaningless(args, [
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
-        (("eval_episodes", "eval_deterministic", "capture_video"), not evaluates,
+        (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
-         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+        (("cudagraphs",), not cuda, "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
     ])  # fmt: skip
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):  # a checkpoint's
+    if args.cudagraphs and not cuda:  # a resumed checkpoint's
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.rnn != "none" and args.compile:
-        fail(f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
-             "and each new length would compile again; leave out --compile and --cudagraphs")  # fmt: skip
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    n, per = args.num_envs // args.world_size, " of each process" if args.world_size > 1 else ""
+    if args.rnn != "none" and args.compile:  # the update's spans change length with every rollout: a compile each
+        fail(f"--rnn {args.rnn} runs eagerly (its spans change with every rollout); leave out --compile and --cudagraphs")
     if args.num_envs % args.world_size:
-        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
-             f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes")  # fmt: skip
-    if args.world_size > 1 and args.compile:
-        fail("--compile runs in one process: with several, gradients are averaged over the processes between the update's "
-             "backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs")  # fmt: skip
-    envs_each = args.num_envs // args.world_size
-    each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
-    if args.rnn != "none" and envs_each % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn "
-             "a minibatch is the whole sequences of a group of envs; pass a --num-minibatches that divides "
-             "--num-envs")  # fmt: skip
+        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of "
+             f"{args.world_size}")  # fmt: skip
+    if args.world_size > 1 and args.compile:  # the gradients are averaged between backward and step, outside the graph
+        fail("--compile runs in one process; with several, leave out --compile and --cudagraphs")
+    if args.rnn != "none" and n % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the {n} envs{per}: with --rnn a minibatch is "
+             "whole envs; pass a --num-minibatches that divides them")  # fmt: skip
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if envs_each * args.num_steps % args.num_minibatches:
-        fail(f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
+    if n * args.num_steps % args.num_minibatches:
+        fail(f"batch size {n} envs{per} x {args.num_steps} steps = {n * args.num_steps} does not divide into "
              f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps")  # fmt: skip
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
     many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
     if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
-             f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
-             f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
+        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}; pass --num-envs "
+             f"at most {args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.chunk_size == 0:
-        cuda = torch.cuda.is_available() and args.cuda
         args.chunk_size = args.minibatch_size if cuda else 256
 
 

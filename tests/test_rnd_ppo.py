@@ -204,18 +204,16 @@ def test_the_room_counter_on_a_recorded_ram_sequence_matches_a_hand_count():
     reaches room 9 without ending. The run has seen rooms 0, 1, 2, 4, 9."""
     rooms = [[1, 1], [0, 1], [4, 1], [0, 1], [1, 1], [2, 9], [2, 9]]
     ends = [[0, 0], [0, 0], [0, 0], [1, 0], [0, 0], [0, 0], [1, 0]]
-    episode_rooms, seen, finished = np.zeros((2, 256), dtype=bool), np.zeros(256, dtype=bool), []
+    counter = rnd_ppo.Rooms("MontezumaRevenge-v5", 2, np.zeros(256, dtype=bool))
     for step in range(len(rooms)):
         ram = np.zeros((2, 128), dtype=np.uint8)
-        ram[:, 3] = rooms[step]
-        episode_rooms, seen, done_counts = rnd_ppo.update_rooms(
-            episode_rooms, seen, ram[:, rnd_ppo.room_address("MontezumaRevenge-v5")], np.array(ends[step], dtype=bool)
-        )
-        finished += done_counts.tolist()
-    assert finished == [3, 2]
-    assert np.flatnonzero(seen).tolist() == [0, 1, 2, 4, 9]
-    assert np.flatnonzero(episode_rooms[1]).tolist() == [1, 9] and not episode_rooms[0].any()
-    assert rnd_ppo.room_address("Pitfall-v5") == 1 and rnd_ppo.room_address("Venture-v5") is None
+        ram[:, 3] = rooms[step]  # Montezuma's room byte
+        counter.step({"ram": ram}, np.array(ends[step], dtype=bool), 10 * step)
+    assert counter.finished == [(30, 3), (60, 2)]
+    assert np.flatnonzero(counter.seen).tolist() == [0, 1, 2, 4, 9]
+    assert np.flatnonzero(counter.episode_rooms[1]).tolist() == [1, 9] and not counter.episode_rooms[0].any()
+    none = np.zeros(256, dtype=bool)
+    assert rnd_ppo.Rooms("Pitfall-v5", 1, none).address == 1 and rnd_ppo.Rooms("Venture-v5", 1, none).address is None
 
 
 def test_montezumas_first_room_is_room_1_at_the_ram_address_the_counter_reads():
@@ -223,7 +221,10 @@ def test_montezumas_first_room_is_room_1_at_the_ram_address_the_counter_reads():
     envs.reset()
     info = envs.step(np.zeros(2, dtype=np.int64))[-1]
     envs.close()
-    assert info["ram"].shape == (2, 128) and info["ram"][:, rnd_ppo.room_address("MontezumaRevenge-v5")].tolist() == [1, 1]
+    counter = rnd_ppo.Rooms("MontezumaRevenge-v5", 2, np.zeros(256, dtype=bool))
+    counter.step(info, np.ones(2, dtype=bool), 8)
+    assert info["ram"].shape == (2, 128) and counter.finished == [(8, 1), (8, 1)]
+    assert np.flatnonzero(counter.seen).tolist() == [1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
