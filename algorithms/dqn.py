@@ -370,7 +370,6 @@ import types
 
 CHECKPOINT_FORMAT = 1  # raise it when a checkpoint's fields change: --resume then refuses a file of the old layout in one line
 REPLAY_ARRAYS = ("frames", "actions", "rewards", "terminations", "valid", "first")  # the replay buffer with --save-buffer
-
 # The interval of every numeric flag, checked by parse_args before anything else
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", eval_epsilon="[0, 1]",
               checkpoint_every="[0, inf)", progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)",
@@ -378,7 +377,6 @@ RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", 
               target_network_frequency="[1, inf)", batch_size="[1, inf)", start_e="[0, 1]", end_e="[0, 1]",
               exploration_fraction="(0, 1]", learning_starts="[0, inf)", train_frequency="[1, inf)",
               max_grad_norm="[0, inf)")  # fmt: skip
-
 # Defaults of CleanRL's dqn.py (classic) and dqn_atari.py (atari), whose results benchmark/dqn.sh reproduces; a typed flag wins
 PRESETS = dict(classic=dict(), atari=dict(total_timesteps=10_000_000, learning_rate=1e-4, buffer_size=1_000_000,
                                           target_network_frequency=1000, batch_size=32, end_e=0.01, exploration_fraction=0.10,
@@ -388,9 +386,8 @@ PRESETS = dict(classic=dict(), atari=dict(total_timesteps=10_000_000, learning_r
 def preset_defaults(argv: list[str]) -> Args:
     """The defaults of the preset the command line asks for; auto picks atari for image observations."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
-    if preset == "auto":
-        preset = "atari" if len(env_spaces(env_id)[0].shape or ()) == 3 else "classic"
-    return Args(env_id=env_id, **PRESETS.get(preset, {}))
+    image = preset == "auto" and len(env_spaces(env_id)[0].shape or ()) == 3
+    return Args(env_id=env_id, **PRESETS.get("atari" if image else preset, {}))  # auto without images: Args' own
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
