@@ -368,64 +368,28 @@ import sys
 import tempfile
 import types
 
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
-CHECKPOINT_FORMAT = 1
-
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    eval_epsilon="[0, 1]",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    log_every="[1, inf)",
-    total_timesteps="[1, inf)",
-    learning_rate="(0, inf)",
-    num_envs="[1, inf)",
-    buffer_size="[1, inf)",
-    gamma="[0, 1]",
-    tau="(0, 1]",
-    target_network_frequency="[1, inf)",
-    batch_size="[1, inf)",
-    start_e="[0, 1]",
-    end_e="[0, 1]",
-    exploration_fraction="(0, 1]",
-    learning_starts="[0, inf)",
-    train_frequency="[1, inf)",
-    max_grad_norm="[0, inf)",
-)
-
-
-# The settings of CleanRL's dqn.py and dqn_atari.py, whose published results benchmark/dqn.sh reproduces.
-# A preset only changes defaults: any flag given on the command line wins.
-PRESETS = {
-    "classic": dict(),
-    "atari": dict(
-        total_timesteps=10_000_000,
-        learning_rate=1e-4,
-        buffer_size=1_000_000,
-        target_network_frequency=1000,
-        batch_size=32,
-        end_e=0.01,
-        exploration_fraction=0.10,
-        learning_starts=80_000,
-        train_frequency=4,
-    ),
-}
+CHECKPOINT_FORMAT = 1  # raise it when a checkpoint's fields change: --resume then refuses a file of the old layout in one line
+REPLAY_ARRAYS = ("frames", "actions", "rewards", "terminations", "valid", "first")  # the replay buffer with --save-buffer
+# The interval of every numeric flag, checked by parse_args before anything else
+RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", eval_epsilon="[0, 1]",
+              checkpoint_every="[0, inf)", progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)",
+              learning_rate="(0, inf)", num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]",
+              target_network_frequency="[1, inf)", batch_size="[1, inf)", start_e="[0, 1]", end_e="[0, 1]",
+              exploration_fraction="(0, 1]", learning_starts="[0, inf)", train_frequency="[1, inf)",
+              max_grad_norm="[0, inf)")  # fmt: skip
+# Defaults of CleanRL's dqn.py (classic) and dqn_atari.py (atari), whose results benchmark/dqn.sh reproduces; a typed flag wins
+PRESETS = dict(classic=dict(), atari=dict(total_timesteps=10_000_000, learning_rate=1e-4, buffer_size=1_000_000,
+                                          target_network_frequency=1000, batch_size=32, end_e=0.01, exploration_fraction=0.10,
+                                          learning_starts=80_000, train_frequency=4))  # fmt: skip
 
 
 def preset_defaults(argv: list[str]) -> Args:
     """The defaults of the preset the command line asks for; auto picks atari for image observations."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
-    if preset == "auto":
-        obs_space, _ = env_spaces(env_id)
-        preset = "atari" if len(obs_space.shape or ()) == 3 else "classic"
-    return Args(env_id=env_id, **PRESETS.get(preset, {}))
+    image = preset == "auto" and len(env_spaces(env_id)[0].shape or ()) == 3
+    return Args(env_id=env_id, **PRESETS.get("atari" if image else preset, {}))  # auto without images: Args' own
 
 
-# --- envs: spaces, backend, construction ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -479,33 +443,22 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
 
 
 def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, backend: str, render=False):
-    """A vector env with next-step autoreset, from the backend pick_backend chooses; returns (envs, is_atari). After a
-    step that ends an episode, the next step ignores its action and returns reward 0 and the next episode's first
-    observation; that step never enters the replay buffer."""
-    render_kwargs = dict(render_mode="rgb_array") if render else {}
+    """A vector env with next-step autoreset (docs/conventions.md), of pick_backend's backend; returns (envs, is_atari)."""
+    kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
         is_atari = hasattr(envpool.make_spec(env_id).config, "episodic_life")
-        atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip) if is_atari else {}
-        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
-        return envs, is_atari
-    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
-    envs = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        # copy=False: each step's observations are copied into the replay buffer before the next step overwrites them
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP, copy=False),
-        **render_kwargs,
-    )
+        kwargs |= dict(episodic_life=episodic_life, reward_clip=reward_clip) if is_atari else {}
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs), is_atari
+    # copy=False: each step's observations are copied into the replay buffer before the next step overwrites them
+    vector_kwargs = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP, copy=False)
+    envs = gym.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs=vector_kwargs, **kwargs)
     envs.reset(seed=seed)
     return envs, False
 
 
 def atari_run(env_id: str, num_envs: int, backend: str) -> bool:
-    """Whether make_env steps envpool's Atari (its config has the life-loss option): episodic life, reward clipping, and
-    one frame per replay slot."""
-    in_envpool = pick_backend(env_id, num_envs, backend) == "envpool"
-    return in_envpool and hasattr(envpool.make_spec(env_id).config, "episodic_life")
+    """Whether make_env steps envpool's Atari: episodic life, reward clipping, one frame per replay slot."""
+    return pick_backend(env_id, num_envs, backend) == "envpool" and hasattr(envpool.make_spec(env_id).config, "episodic_life")
 
 
 def can_render(env_id: str, backend: str) -> bool:
@@ -519,21 +472,17 @@ def can_render(env_id: str, backend: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-# --- evaluation, storage reckoning, argument checks ---
 def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
-    """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs,
-    epsilon-greedy with args.eval_epsilon. Returns the episodes' returns. Video: env 0's episode, when it renders."""
+    """The returns of one full game (raw score) per eval env, epsilon-greedy with --eval-epsilon; video: env 0's game."""
     envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, video is not None)
     rng = np.random.default_rng(args.seed + 100_000)  # its own generator: evaluating does not change training
-    n_actions = int(envs.single_action_space.n)
     obs, _ = envs.reset()
-    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    returns, finished, frames = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool), []
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
         obs_t = torch.as_tensor(obs, device=device)
-        action = select_actions(lambda x: q_network(x).argmax(1), obs_t, args.eval_epsilon, n_actions, rng)
+        action = select_actions(lambda x: q_network(x).argmax(1), obs_t, args.eval_epsilon, envs.single_action_space.n, rng)
         obs, reward, term, trunc, _ = envs.step(action)
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
@@ -543,12 +492,11 @@ def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str |
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage: the replay buffer in host memory, as ReplayBuffer lays it out."""
-    N, shape = args.num_envs, "x".join(map(str, obs_space.shape))
-    is_atari = atari_run(args.env_id, N, args.env_backend)
-    frame_size = int(np.prod(obs_space.shape[1:] if is_atari else obs_space.shape))
-    slot_bytes = frame_size * (1 if obs_space.dtype == np.uint8 else 4) + 8 + 4 + 4 + 1 + 1
-    buffer = f"the replay buffer (--buffer-size {args.buffer_size} of {shape} observations)"
+    """The replay buffer in host memory as ReplayBuffer lays it out, for check_storage."""
+    N, shape = args.num_envs, obs_space.shape
+    frame = shape[1:] if atari_run(args.env_id, N, args.env_backend) else shape
+    slot_bytes = int(np.prod(frame)) * (1 if obs_space.dtype == np.uint8 else 4) + 8 + 4 + 4 + 1 + 1
+    buffer = f"the replay buffer (--buffer-size {args.buffer_size} of {'x'.join(map(str, shape))} observations)"
     return {buffer: ((args.buffer_size // N) * N * slot_bytes, torch.device("cpu"), "lower --buffer-size")}
 
 
@@ -564,29 +512,19 @@ def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if processes > 1:
-        fail(
-            f"it trains one learner fed by one replay buffer in one process, and torchrun started {processes}; "
-            "run it with python (benchmark/run.py runs seeds and envs side by side)"
-        )
-    if isinstance(action_space, gym.spaces.Box):
-        fail(f"dqn.py needs Discrete actions, and {args.env_id} has {action_space}; use ddpg_td3.py for continuous actions")
+    if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
+        fail(f"it learns from one replay buffer in one process, and torchrun started {processes}; run it with python")
     if not isinstance(action_space, gym.spaces.Discrete):
-        fail(f"dqn.py handles Discrete action spaces, and {args.env_id} has {action_space}; pick an env with Discrete actions")
+        fail(f"dqn.py needs Discrete actions, and {args.env_id} has {action_space}; use ddpg_td3.py for Box ones")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"dqn.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
-    evaluates = args.eval_every > 0 or args.save_model
+    atari = atari_run(args.env_id, args.num_envs, args.env_backend)  # its pick_backend refuses a backend without the env
     refuse_meaningless(args, [
-        (("episodic_life", "reward_clip"), not atari_run(args.env_id, args.num_envs, args.env_backend),
-         f"is for envpool's Atari ids, and {args.env_id} is not one"),
-        (("eval_episodes", "eval_epsilon", "capture_video"), not evaluates,
+        (("episodic_life", "reward_clip"), not atari, f"is for envpool's Atari ids, and {args.env_id} is not one"),
+        (("eval_episodes", "eval_epsilon", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
-         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.total_timesteps < args.num_envs:
@@ -598,13 +536,10 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.learning_starts < args.batch_size:
         fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}; raise it")
     if args.total_timesteps // args.train_frequency <= args.learning_starts // args.train_frequency:
-        fail(
-            f"--learning-starts {args.learning_starts} leaves no gradient step in --total-timesteps "
-            f"{args.total_timesteps} (one every --train-frequency {args.train_frequency}); lower it or raise the total"
-        )
+        fail(f"--learning-starts {args.learning_starts} leaves no gradient step; lower it or raise --total-timesteps")
     if args.start_e < args.end_e:
         fail(f"--start-e {args.start_e} is below --end-e {args.end_e}, so epsilon would never decay; swap them")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+    if not (args.cuda and torch.cuda.is_available()) and (args.cudagraphs or "cudagraphs" in getattr(args, "typed", ())):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     if args.capture_video and not can_render(args.env_id, args.env_backend):
@@ -614,7 +549,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.capture_video = False
 
 
-# --- the set-up and the end of a run, the state a checkpoint holds, the logs and the stops of the loop ---
 def bf16_note(device: torch.device) -> str:
     """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
     /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
@@ -651,10 +585,6 @@ def start_run(args: Args) -> types.SimpleNamespace:
     run = dict(obs_space=obs_space, action_space=action_space, device=device, ckpt=ckpt, run_dir=run_dir, writer=writer)
     is_atari = atari_run(args.env_id, args.num_envs, args.env_backend)
     return types.SimpleNamespace(**run, progress=progress, stop=stop_requests(), is_atari=is_atari)
-
-
-# The replay buffer's arrays, as a checkpoint holds them (with --save-buffer)
-REPLAY_ARRAYS = ("frames", "actions", "rewards", "terminations", "valid", "first")
 
 
 def restore_run(args: Args, run, q_network, target_network, optimizer, explore_rng, rb: ReplayBuffer) -> tuple[int, int]:
