@@ -578,9 +578,6 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
-# ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: presets, envs, run set-up and end, checks, storage, checkpoints, torchrun, logging
-# ---------------------------------------------------------------------------------------------------------------
 import os
 import signal
 import sys
