@@ -856,7 +856,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.e_aux > 0 and args.aux_rollouts > args.n_pi * args.num_envs:
         fail(f"--aux-rollouts {args.aux_rollouts} is more than the {args.n_pi * args.num_envs} rollouts of a phase "
              f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}")  # fmt: skip
-    if args.chunk_size == 0:  # a CPU's bfloat16 kernels gain from larger chunks, float32's do not (results/speed_bf16.md)
+    if args.chunk_size == 0:  # bfloat16 on a CPU gains from larger chunks, float32 does not (benchmark/results/speed_bf16.md)
         on_cuda = args.cuda and torch.cuda.is_available()
         args.chunk_size = args.minibatch_size // processes if on_cuda else (128 if args.bf16 else 32)
 
