@@ -578,10 +578,6 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
-# ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: presets, envs, run set-up and end, checks, storage, checkpoints, torchrun, logging
-# ---------------------------------------------------------------------------------------------------------------
-import difflib
 import os
 import signal
 import sys
@@ -590,52 +586,39 @@ import types
 
 from torch.utils.tensorboard import SummaryWriter
 
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
+# The layout of this file's checkpoints and models: raised when a field changes, so --resume refuses another in one line
 CHECKPOINT_FORMAT = 2
 
-
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-RANGES = dict(
-    seed="[0, 1e9]", num_levels="[0, 1e9]", start_level="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)",
+# The interval of every numeric flag, checked by parse_args before anything else happens
+RANGES = dict(seed="[0, 1e9]", num_levels="[0, 1e9]", start_level="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)",
     checkpoint_every="[0, inf)", progress_interval="[0, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
     num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", num_minibatches="[1, inf)",
     update_epochs="[1, inf)", clip_coef="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="[0, inf)",
     n_pi="[1, inf)", e_aux="[0, inf)", aux_learning_rate="(0, inf)", aux_rollouts="[1, inf)", beta_clone="[0, inf)",
-    vf_true_weight="[0, inf)", chunk_size="[0, inf)",
-)  # fmt: skip
+    vf_true_weight="[0, inf)", chunk_size="[0, inf)")  # fmt: skip
 
-
-# paper: openai/phasic-policy-gradient train.py (the paper's settings, except gamma of the reward filter, see
-# scale_reward); small: the same with 8 policy iterations per phase. Any flag given on the command line wins.
-PRESETS = {"paper": dict(), "small": dict(n_pi=8)}
+# paper: openai/phasic-policy-gradient train.py (but the reward filter's gamma, see scale_reward); small: N_pi 8
+PRESETS = dict(paper=dict(), small=dict(n_pi=8))
 
 
 def preset_defaults(argv: list[str]) -> Args:
     """The defaults of the preset the command line asks for."""
-    env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
-    return Args(env_id=env_id, **PRESETS.get(preset, {}))
+    return Args(env_id=flag_value(argv, "env_id", Args.env_id), **PRESETS.get(flag_value(argv, "preset", Args.preset), {}))
 
 
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)  # fmt: skip
-PROCGEN_IDS = [f"{game.capitalize()}{mode}-v0" for game in PROCGEN_GAMES for mode in ("Easy", "Hard")]
+PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot", "heist",
+                 "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")  # fmt: skip
 
 
 def procgen_env_id(env_id: str) -> str:
     """An envpool Procgen id; a procgen name (starpilot) means its Easy variant, said once; anything else, one line."""
-    if env_id in PROCGEN_IDS:
-        return env_id
     if env_id.lower() in PROCGEN_GAMES:
         full = f"{env_id.lower().capitalize()}Easy-v0"
         print(f"--env-id {env_id} runs envpool's {full} (the Easy distribution; pass {full[:-7]}Hard-v0 for Hard)")
         return full
-    close = difflib.get_close_matches(env_id, PROCGEN_IDS + list(PROCGEN_GAMES), n=2, cutoff=0.6)
-    if close:
-        fail(f"unknown Procgen env id '{env_id}'; did you mean {', '.join(close)}?")
-    fail(f"ppg_procgen.py runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{env_id}'; run ppo.py for it")
+    if env_id not in [f"{game.capitalize()}{mode}-v0" for game in PROCGEN_GAMES for mode in ("Easy", "Hard")]:
+        fail(f"ppg_procgen.py runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{env_id}'; run ppo.py for it")
+    return env_id
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
@@ -648,9 +631,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_level: int = 0):
-    """envpool's Procgen, as the reference's ProcgenGym3Env: unlimited levels by default (num_levels 0), the id's distribution,
-    3x64x64 uint8 frames. Next-step autoreset: after a done, the next step ignores its action and returns reward 0 and
-    the first frame of the next level. A game's time limit (e.g. Maze's 500 steps) is a truncation."""
+    """envpool's Procgen as the reference's ProcgenGym3Env: 3x64x64 uint8 frames, unlimited levels unless num_levels."""
     return envpool.make(
         env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_levels=num_levels, start_level=start_level
     )
@@ -711,19 +692,15 @@ def start_run(args: Args) -> types.SimpleNamespace:
 
 
 def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[int], writer, args: Args) -> bool:
-    """After each auxiliary minibatch: process 0's progress line, every --progress-interval seconds (a phase takes
-    minutes, hours on a CPU); returns whether to stop here, the same answer on every process (under torchrun an
-    all-reduce and a host sync per minibatch, small beside its frames)."""
+    """After each auxiliary minibatch (a phase takes minutes, hours on a CPU): process 0's progress line every
+    --progress-interval seconds; whether to stop, the same answer on every process (a host sync, small beside the frames)."""
     clock["done_here"] += 1
     if writer is not None and time.time() - clock["last_print"] > args.progress_interval:
         clock["last_print"] = time.time()
         left = (args.e_aux - state["epoch"]) * minibatches - state["done"]
         eta = (time.time() - clock["started"]) / clock["done_here"] * left
-        print(
-            f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch "
-            f"{state['done']}/{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s",
-            flush=True,
-        )
+        print(f"auxiliary phase {state['phase']}: epoch {state['epoch'] + 1}/{args.e_aux}, minibatch {state['done']}/"
+              f"{minibatches} | ETA of the phase {int(eta // 60)}m{int(eta % 60):02d}s", flush=True)  # fmt: skip
     return stop_everywhere(stop, args.world_size, state["sums"].device)
 
 
@@ -812,12 +789,10 @@ def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch
 
 
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
-    """Play one full episode (raw score) on each of args.eval_episodes envs. Returns the episodes' returns.
-    Video: env 0's observations, the 64x64 frames the agent sees."""
+    """The raw returns of one full episode on each of --eval-episodes envs; the video: env 0's 64x64 frames, as the agent's."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, args.num_levels, args.start_level)
     obs, _ = envs.reset()
-    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    returns, finished, frames = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool), []
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(obs[0].transpose(1, 2, 0))
@@ -832,22 +807,19 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage, on the training device: the phase (N_pi rollouts of uint8 frames, their
-    returns and valid flags, and the old policy's logits the auxiliary phase computes over all of it), with the
-    rollout's actions and six float32 (T, N) tensors. Under torchrun, one process's (its share of the envs), times the
-    processes that share this node's memory when they run on its CPU."""
+    """The phase (N_pi rollouts of uint8 frames, returns, valid flags and the old policy's logits), with the rollout's
+    actions and six float32 (T, N) tensors: one process's share, times the processes that share this node's CPU memory."""
     slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs // args.world_size
-    shape = "x".join(map(str, obs_space.shape))
     sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
     per_step = int(np.prod(obs_space.shape)) + 2 * 4 + (4 * int(action_space.n) if args.e_aux > 0 else 0)
+    shape = "x".join(map(str, obs_space.shape))
     phase = f"the phase ({slots} rollouts of --num-envs {N} x --num-steps {T} steps of {shape} frames)"
     fix = "pass --preset small (N_pi 8), or a smaller --n-pi, --num-envs or --num-steps"
     return {phase: (sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device, fix)}
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    """What the ranges alone cannot tell: flags that only make sense together, and the phase buffer's memory."""
-    evaluates = args.eval_every > 0 or args.save_model
+    """Flags that only make sense together, and the sizes Args computes, checked."""
     refuse_meaningless(args, [
         # measured with envpool 1.2: with unlimited levels, --start-level leaves every level as it was
         (("start_level",), args.num_levels == 0,
@@ -855,65 +827,43 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         (("n_pi", "preset", "aux_learning_rate", "aux_rollouts", "beta_clone", "vf_true_weight"), args.e_aux == 0,
          "is for the auxiliary phase, and this run has none (--e-aux 0)"),
         (("preset",), "n_pi" in getattr(args, "typed", ()), "only sets the default of --n-pi, and --n-pi is given"),
-        (("eval_episodes", "eval_deterministic", "capture_video"), not evaluates,
+        (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
-         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
     ])  # fmt: skip
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):  # a checkpoint's
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):  # typed, or a checkpoint's
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.num_envs % args.world_size:
-        fail(
-            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
-            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
-        )
-    if args.world_size > 1 and args.compile:
-        fail(
-            "--compile runs in one process: with several, gradients are averaged over the processes between the "
-            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
-        )
-    if args.e_aux > 0 and args.aux_rollouts % args.world_size:
-        fail(
-            f"--aux-rollouts {args.aux_rollouts} does not split evenly over {args.world_size} processes, each of which "
-            f"trains on its share of every auxiliary minibatch; pass a multiple of {args.world_size}"
-        )
-    envs_each = args.num_envs // args.world_size
-    each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
+    args.world_size = processes = int(os.environ.get("WORLD_SIZE", "1"))
+    for flag, value in (("--num-envs", args.num_envs), ("--aux-rollouts", args.aux_rollouts if args.e_aux > 0 else 0)):
+        if value % processes:  # each process steps its share of the envs, and trains on its share of an aux minibatch
+            fail(f"{flag} {value} does not split evenly over {processes} processes; pass a multiple of {processes}")
+    if processes > 1 and args.compile:  # the gradients are averaged between backward and step, outside the compiled update
+        fail("--compile runs in one process; leave out --compile and --cudagraphs under torchrun")
     args.batch_size = args.num_envs * args.num_steps  # the sizes Args computes, before the checks of those that do not fit
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if envs_each * args.num_steps % args.num_minibatches:
-        fail(
-            f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
-            f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
-        )
+    if args.num_envs // processes * args.num_steps % args.num_minibatches:
+        each = f" ({args.num_envs // processes} in each of {processes} processes)" if processes > 1 else ""
+        fail(f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
+             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps")  # fmt: skip
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
     many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
     if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(
-            f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
-            f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
-            f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}"
-        )
+        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps} (a rollout "
+             f"is more); pass --num-envs at most {args.total_timesteps // args.num_steps}")  # fmt: skip
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.e_aux > 0 and args.aux_rollouts > args.n_pi * args.num_envs:
-        fail(
-            f"--aux-rollouts {args.aux_rollouts} is more than the {args.n_pi * args.num_envs} rollouts of a phase "
-            f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}"
-        )
-    if args.chunk_size == 0:
-        # a CPU's bfloat16 kernels gain from larger chunks, float32's do not (benchmark/results/speed_bf16.md, PPG)
-        cpu_chunk = 128 if args.bf16 else 32
-        args.chunk_size = args.minibatch_size // args.world_size if torch.cuda.is_available() and args.cuda else cpu_chunk
+        fail(f"--aux-rollouts {args.aux_rollouts} is more than the {args.n_pi * args.num_envs} rollouts of a phase "
+             f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}")  # fmt: skip
+    if args.chunk_size == 0:  # bfloat16 on a CPU gains from larger chunks, float32 does not (benchmark/results/speed_bf16.md)
+        on_cuda = args.cuda and torch.cuda.is_available()
+        args.chunk_size = args.minibatch_size // processes if on_cuda else (128 if args.bf16 else 32)
 
 
 def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int) -> dict:
-    """This process's frames of the phase so far, beside the checkpoint in their own file (written raw, without a copy);
-    returns the small tensors and the file's name for the checkpoint. Written before the checkpoint that names it. Under
-    torchrun every process writes its own file to the run directory on its node (process 0's directory on one node)."""
+    """This process's frames of the phase so far, raw in its own file in the run directory on its node, written before the
+    checkpoint that names it; returns the checkpoint's entry: the file's name and the small tensors."""
     name = f"phase_{iteration}_process{rank}.u8"
     path = os.path.join(run_dir, name)
     os.makedirs(run_dir, exist_ok=True)
@@ -924,18 +874,16 @@ def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int
     return dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
 
 
-def check_phase_file(run_dir: str, saved: dict, numel: int) -> str:
+def check_phase_file(run_dir: str, saved: dict, numel: int) -> None:
     path = os.path.join(run_dir, saved["file"])
     if not os.path.isfile(path) or os.path.getsize(path) != numel:
         fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from a checkpoint whose file is whole")
-    return path
 
 
 def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
-    target = phase["obs"][: saved["filled"]]
-    path = check_phase_file(run_dir, saved, target.numel())
-    with open(path, "rb") as f:  # slot by slot, so that no second copy of the phase is ever held
-        for slot in target:
+    """The frames start_run found whole, slot by slot, so that no second copy of the phase is ever held."""
+    with open(os.path.join(run_dir, saved["file"]), "rb") as f:
+        for slot in phase["obs"][: saved["filled"]]:
             slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))
     for k in ("returns", "valid"):
         phase[k][: saved["filled"]] = saved[k].to(phase[k].device)

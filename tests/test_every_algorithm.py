@@ -159,7 +159,7 @@ BAD_INPUT = {
     ],
     "ppg_procgen": [
         (["--env-id", "CartPole-v1"], r"runs the 16 Procgen games .*not 'CartPole-v1'; run ppo\.py for it"),
-        (["--env-id", "StarpilotEasy-v1"], r"unknown Procgen env id 'StarpilotEasy-v1'; did you mean StarpilotEasy-v0"),
+        (["--env-id", "StarpilotEasy-v1"], r"runs the 16 Procgen games .*not 'StarpilotEasy-v1'; run ppo\.py for it"),
         (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than the 8 rollouts of a phase"),
         (["--num-minibatches", "3"], r"does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
