@@ -404,9 +404,8 @@ RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", 
               num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]", batch_size="[1, inf)",
               hidden_size="[1, 65536]", exploration_noise="[0, inf)", learning_starts="[0, inf)",
               policy_frequency="[1, inf)", policy_noise="[0, inf)", noise_clip="[0, inf)")  # fmt: skip
-# What --algo and --preset set (a flag given wins). td3 and mujoco are Args' own: CleanRL's td3_ and ddpg_continuous_action.py
-# (Fujimoto et al. 2018's settings, 256-256 networks), whose MuJoCo results benchmark/ddpg_td3.sh reproduces; both delay the
-# actor 2 critic updates (--policy-frequency 1: Lillicrap et al.'s DDPG). classic: for Pendulum-v1 (tests/test_ddpg_td3.py).
+# What --algo and --preset set (a flag given wins): td3, mujoco are Args' own, CleanRL's td3_ and ddpg_continuous_action.py's
+# (Fujimoto et al. 2018's, 256-256; both delay the actor), whose results benchmark/ddpg_td3.sh reproduces; classic: Pendulum.
 ALGOS = dict(td3=dict(), ddpg=dict(exp_name="ddpg", twin_critics=False, target_policy_smoothing=False))
 PRESETS = dict(mujoco=dict(), classic=dict(total_timesteps=15_000, learning_rate=1e-3, buffer_size=100_000,
                                            learning_starts=1000, hidden_size=64))  # fmt: skip
