@@ -591,11 +591,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
              f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // n) * n}")  # fmt: skip
     args.horizon = args.max_episode_steps
-    if not args.horizon and envpool_has(args.env_id):  # the env's own time limit
-        args.horizon = int(envpool.make_spec(args.env_id).config.max_episode_steps)
-    elif not args.horizon:  # gym.make, not gym.spec: it imports the module of a 'module:Env-v0' id
-        with gym.make(args.env_id) as env:
-            args.horizon = int(getattr(env.spec, "max_episode_steps", 0) or 0)
+    if not args.horizon:  # the env's own time limit; gym.make, not gym.spec, imports the module of a 'module:Env-v0' id
+        spec = envpool.make_spec(args.env_id).config if envpool_has(args.env_id) else gym.make(args.env_id).spec
+        args.horizon = int(getattr(spec, "max_episode_steps", 0) or 0)
     if args.horizon < 1:
         fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
     if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):  # process 0 evaluates
