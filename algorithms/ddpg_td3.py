@@ -397,8 +397,7 @@ import subprocess
 import tempfile
 import types
 
-# The layout of checkpoints and models: raise it when a field changes meaning, so that --resume refuses another in one line
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
               progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
               num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]", batch_size="[1, inf)",

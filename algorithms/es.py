@@ -363,8 +363,7 @@ import types
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
-# The layout of checkpoints and models: raise it when a field changes meaning, so that --resume refuses another in one line
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
               progress_interval="[0, inf)", num_generations="[1, inf)", population_size="[2, 1e6]", sigma="(0, inf)",
               learning_rate="(0, inf)", l2_coef="[0, inf)", max_episode_steps="[0, inf)")  # fmt: skip
