@@ -391,56 +391,33 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery, then the shared run plumbing.
-# --- This file's machinery: presets, envs, evaluation, storage, checks, start_run, checkpoints and end_run ---
 import contextlib
 import difflib
-import os
 import subprocess
-import sys
 import tempfile
 import types
 
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
-CHECKPOINT_FORMAT = 1
-
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-RANGES = dict(
-    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
-    num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]", batch_size="[1, inf)",
-    hidden_size="[1, 65536]", exploration_noise="[0, inf)", learning_starts="[0, inf)", policy_frequency="[1, inf)",
-    policy_noise="[0, inf)", noise_clip="[0, inf)",
-)  # fmt: skip
-
-# What --algo sets; any flag given on the command line wins. Both delay the actor by 2 critic updates: CleanRL's
-# ddpg_continuous_action.py does (policy_frequency 2), and its published DDPG results are the ones benchmark/ddpg_td3.sh
-# reproduces; --policy-frequency 1 gives the every-step DDPG of Lillicrap et al. 2016.
-ALGOS = {
-    "td3": dict(exp_name="td3", twin_critics=True, policy_frequency=2, target_policy_smoothing=True),
-    "ddpg": dict(exp_name="ddpg", twin_critics=False, policy_frequency=2, target_policy_smoothing=False),
-}
-# mujoco: the settings of CleanRL's td3_continuous_action.py and ddpg_continuous_action.py (those of Fujimoto et al.
-# 2018, with 256-256 networks), whose published MuJoCo results benchmark/ddpg_td3.sh reproduces; classic is sized for
-# Pendulum-v1 (budget measured in tests/test_ddpg_td3.py).
-PRESETS = {
-    "mujoco": dict(),
-    "classic": dict(total_timesteps=15_000, learning_rate=1e-3, buffer_size=100_000, learning_starts=1000, hidden_size=64),
-}
-CLASSIC_CONTROL = ("Pendulum-v1", "MountainCarContinuous-v0")
+CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
+RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+              progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
+              num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]", batch_size="[1, inf)",
+              hidden_size="[1, 65536]", exploration_noise="[0, inf)", learning_starts="[0, inf)",
+              policy_frequency="[1, inf)", policy_noise="[0, inf)", noise_clip="[0, inf)")  # fmt: skip
+# What --algo and --preset set (a flag given wins): td3, mujoco are Args' own, CleanRL's td3_ and ddpg_continuous_action.py's
+# (Fujimoto et al. 2018's, 256-256; both delay the actor), whose results benchmark/ddpg_td3.sh reproduces; classic: Pendulum.
+ALGOS = dict(td3=dict(), ddpg=dict(exp_name="ddpg", twin_critics=False, target_policy_smoothing=False))
+PRESETS = dict(mujoco=dict(), classic=dict(total_timesteps=15_000, learning_rate=1e-3, buffer_size=100_000,
+                                           learning_starts=1000, hidden_size=64))  # fmt: skip
 
 
 def preset_defaults(argv: list[str]) -> Args:
-    """The defaults of the algo and the preset the command line asks for; auto picks classic for classic control."""
-    env_id, algo = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "algo", Args.algo)
-    preset = flag_value(argv, "preset", Args.preset)
-    if preset == "auto":
-        preset = "classic" if env_id in CLASSIC_CONTROL else "mujoco"
+    """The defaults of the --algo and --preset asked for; auto: classic for classic control, mujoco for the rest."""
+    env_id, algo, preset = (flag_value(argv, name, getattr(Args, name)) for name in ("env_id", "algo", "preset"))
+    family = "classic" if env_id in ("Pendulum-v1", "MountainCarContinuous-v0") else "mujoco"
     algo = algo if algo in ALGOS else Args.algo  # tyro names an unknown --algo in its own error
-    return Args(env_id=env_id, algo=algo, **ALGOS[algo], **PRESETS.get(preset, {}))
+    return Args(env_id=env_id, algo=algo, **ALGOS[algo], **PRESETS.get(family if preset == "auto" else preset, {}))
 
 
-# --- envs: spaces and construction ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -466,22 +443,12 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
-    """A vector env with next-step autoreset: envpool when it has the id, gymnasium otherwise.
-
-    After a step that ends an episode, the next step ignores its action and returns reward 0 and the first
-    observation of the next episode; that step never enters the replay buffer.
-    """
+    """A vector env that autoresets on the next step (a reset step, never stored): envpool's, or gymnasium's NEXT_STEP mode."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if envpool_has(env_id):
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **render_kwargs)
-    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
-    envs = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
-        **render_kwargs,
-    )
+    next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **render_kwargs)
     envs.reset(seed=seed)
     return envs
 
@@ -499,7 +466,7 @@ def can_render(env_id: str) -> bool:
 
 @contextlib.contextmanager
 def timed(seconds: dict, part: str):
-    """Adds the time spent inside to seconds[part] (the time split printed at the end of a run)."""
+    """Adds the time spent inside to seconds[part] (the time split end_run prints)."""
     start = time.perf_counter()
     yield
     seconds[part] += time.perf_counter() - start
@@ -522,15 +489,11 @@ def bf16_note(device: torch.device) -> str:
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
 
-# --- evaluation, storage reckoning, argument checks ---
 def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
-    """Play one full episode with the deterministic actor (no exploration noise) on each of args.eval_episodes envs.
-    Returns the episodes' returns. Video: env 0's episode, when it renders.
-    """
+    """The returns of one episode of the deterministic actor (no exploration noise) on each of --eval-episodes envs."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
     obs, _ = envs.reset()
-    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    returns, finished, frames = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool), []
     while not finished.all():
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
@@ -544,8 +507,7 @@ def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None =
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage: the replay buffer on the training device (ReplayBuffer: float32
-    observation, action, reward, next observation and termination per slot)."""
+    """The replay buffer, for check_storage: float32 observation, action, reward, next observation and termination a slot."""
     obs_dim, action_dim = int(np.prod(obs_space.shape)), int(np.prod(action_space.shape))
     buffer = f"the replay buffer (--buffer-size {args.buffer_size} of {obs_dim}-dim observations)"
     return {buffer: (args.buffer_size * 4 * (2 * obs_dim + action_dim + 2), device, "lower --buffer-size")}
@@ -553,39 +515,27 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    if processes > 1:
-        fail(
-            f"it trains one learner fed by one replay buffer in one process, and torchrun started {processes}; "
-            "run it with python (benchmark/run.py runs seeds and envs side by side)"
-        )
-    if isinstance(action_space, gym.spaces.Discrete):
-        fail(f"ddpg_td3.py needs Box actions; {args.env_id} has {action_space}: use dqn.py for discrete actions")
+    if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
+        fail(f"it trains one learner from one replay buffer, and torchrun started {processes} processes; run it with python")
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        fail(f"ddpg_td3.py handles 1-D Box action spaces; {args.env_id} has {action_space}")
-    if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+        fix = "use dqn.py" if isinstance(action_space, gym.spaces.Discrete) else "it handles 1-D Box action spaces"
+        fail(f"ddpg_td3.py needs Box actions; {args.env_id} has {action_space}: {fix}")
+    if not np.isfinite(np.r_[action_space.low, action_space.high]).all():
         fail(f"ddpg_td3.py scales the actor's tanh output to the action bounds; {args.env_id} has unbounded {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"ddpg_td3.py needs a vector observation; {args.env_id} has {obs_space}")
-    evaluates = args.eval_every > 0 or args.save_model
     refuse_meaningless(args, [
-        # --algo ddpg switches smoothing off; --twin-critics and --target-policy-smoothing given with it switch theirs on
         (("policy_noise", "noise_clip"), not args.target_policy_smoothing,
          "shapes TD3's target policy smoothing, and this run has none (--algo ddpg or --no-target-policy-smoothing)"),
-        (("eval_episodes", "capture_video"), not evaluates,
+        (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
-         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
     ])  # fmt: skip
-    if args.learning_starts < args.batch_size:
-        fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}; raise it")
-    if args.buffer_size < args.batch_size:
-        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size}; raise it or lower the batch")
+    for flag in ("learning_starts", "buffer_size"):
+        if getattr(args, flag) < args.batch_size:
+            fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} is less than --batch-size {args.batch_size}; raise it")
     if args.learning_starts >= args.total_timesteps:
-        fail(
-            f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}, so no "
-            "gradient step would ever be taken; lower --learning-starts or raise --total-timesteps"
-        )
+        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}, so no "
+             "gradient step would be taken; lower --learning-starts or raise --total-timesteps")  # fmt: skip
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):

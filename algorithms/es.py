@@ -354,7 +354,6 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-# --- This file's machinery: the imports only it uses (the shared block below imports os, sys, signal and more) ---
 import difflib
 import subprocess
 import tempfile
@@ -364,40 +363,27 @@ import types
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning
-CHECKPOINT_FORMAT = 1
-
-# The meaningful range of every numeric flag, checked by parse_args first (hidden_sizes: check_args, against MAX_WIDTH)
+CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
               progress_interval="[0, inf)", num_generations="[1, inf)", population_size="[2, 1e6]", sigma="(0, inf)",
               learning_rate="(0, inf)", l2_coef="[0, inf)", max_episode_steps="[0, inf)")  # fmt: skip
-MAX_WIDTH = 16384  # a hidden layer's widest: far beyond the 64 to 256 units of Salimans et al.'s policies
-
-# A preset only changes defaults (a flag given wins). classic keeps Args' own: the noise, step size and weight decay of
-# evolution-strategies-starter's configurations/humanoid.json with a 32-32 policy; mujoco is that configuration whole.
-# control was found by an Optuna study on Pendulum-v1 (benchmark/results/es_pendulum_tuning): a 20x larger step size
-# and 10x larger noise, almost no weight decay, raw observations; with Args' own, Pendulum-v1 does not learn.
-PRESETS = {
-    "classic": dict(),
-    "control": dict(num_generations=300, sigma=0.2, learning_rate=0.25, l2_coef=0.00014, norm_obs=False),
-    "mujoco": dict(num_generations=500, hidden_sizes=(256, 256)),
-}
-# the classic-control envs with Box actions, which auto gives the control preset
-CONTROL_ENVS = ("Pendulum-v1", "MountainCarContinuous-v0")
+# A preset changes defaults (a flag given wins). classic: Args' own, the noise, step size and weight decay of
+# evolution-strategies-starter's configurations/humanoid.json with a 32-32 policy; mujoco: that configuration whole;
+# control: an Optuna study's on Pendulum-v1 (benchmark/results/es_pendulum_tuning), which Args' own do not learn.
+PRESETS = dict(classic=dict(),
+               control=dict(num_generations=300, sigma=0.2, learning_rate=0.25, l2_coef=0.00014, norm_obs=False),
+               mujoco=dict(num_generations=500, hidden_sizes=(256, 256)))  # fmt: skip
 
 
 def preset_defaults(argv: list[str]) -> Args:
-    """The defaults of the preset the command line asks for; auto picks it from the env: classic for Discrete actions,
-    control for the classic-control envs with Box actions, mujoco for any other Box actions."""
+    """The chosen preset's defaults; auto: classic for Discrete actions, control for classic control's Box, else mujoco."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
     if preset == "auto":
-        _, action_space = env_spaces(env_id)
-        box = isinstance(action_space, gym.spaces.Box)
-        preset = ("control" if env_id in CONTROL_ENVS else "mujoco") if box else "classic"
+        box = isinstance(env_spaces(env_id)[1], gym.spaces.Box)
+        preset = ("control" if env_id in ("Pendulum-v1", "MountainCarContinuous-v0") else "mujoco") if box else "classic"
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
-# --- envs ---
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
     if envpool_has(env_id):
@@ -422,23 +408,12 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-def time_limit(env_id: str) -> int:
-    """The env's own episode step limit (0: none)."""
-    if envpool_has(env_id):
-        return int(envpool.make_spec(env_id).config.max_episode_steps)
-    env = gym.make(env_id)  # gym.make, not gym.spec: it imports the module of a 'module:Env-v0' id
-    limit = env.spec.max_episode_steps if env.spec else None
-    env.close()
-    return int(limit or 0)
-
-
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
-    """A vector env with next-step autoreset (the rollout masks the reset step out): envpool when it has the id,
-    gymnasium otherwise. Env i is seeded with seed + i, so a member's env depends only on its index."""
+    """A vector env that autoresets on the next step (a step rollout masks out): envpool's, or gymnasium's NEXT_STEP mode.
+    Env i is seeded with seed + i, so a member's env depends only on its index."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if envpool_has(env_id):
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **render_kwargs)
-    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
     next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **render_kwargs)
     envs.reset(seed=seed)
@@ -559,21 +534,19 @@ def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args:
 
 
 # --- evaluation, storage reckoning, argument checks ---
+@torch.no_grad()
 def evaluate(policy: Policy, obs_rms: ObsStatistics | None, args: Args, device: torch.device, video: str | None = None):
     """The returns of one episode (up to the horizon) on each of args.eval_episodes envs, statistics frozen; video: env 0's."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, render=video is not None)
     low, high = tanh_bounds(envs.single_action_space, device)
     shift, scale = frozen_normalizer(obs_rms, int(np.prod(envs.single_observation_space.shape)), device)
     obs, _ = envs.reset()
-    returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
-    frames = []
+    returns, finished, frames = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool), []
     for _ in range(args.horizon):
         if video is not None and not finished[0]:
             frames.append(np.asarray(envs.render())[0])
-        with torch.no_grad():
-            x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
-            action = to_action(policy(x), low, high).cpu().numpy()
-        obs, reward, term, trunc, _ = envs.step(action)
+        x = normalize_frozen(torch.as_tensor(obs, dtype=torch.float32, device=device), shift, scale)
+        obs, reward, term, trunc, _ = envs.step(to_action(policy(x), low, high).cpu().numpy())
         returns += np.where(finished, 0.0, reward)  # each env's first episode only
         finished |= term | trunc
         if finished.all():
@@ -584,15 +557,14 @@ def evaluate(policy: Policy, obs_rms: ObsStatistics | None, args: Args, device: 
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage: a generation's noise (a row per pair of the whole population) and this
-    process's members' parameters twice (flat, and stacked for baddbmm), each row the policy's weights and biases."""
-    members = args.population_size // args.world_size
+    """The population, for check_storage: a generation's noise (a row per pair of the whole population) and this process's
+    members' parameters twice (flat, and stacked for baddbmm)."""
     n_out = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
     widths = [obs_space.shape[0], *args.hidden_sizes, n_out]
     dim = sum((n_in + 1) * n_out for n_in, n_out in zip(widths, widths[1:], strict=False))
-    fix = "lower --population-size or --hidden-sizes, or spread the population over more processes with torchrun"
     population = f"the population (--population-size {args.population_size} x {dim:,} parameters)"
-    return {population: (4 * dim * (args.population_size // 2 + 2 * members), device, fix)}
+    fix = "lower --population-size or --hidden-sizes, or spread the population over more processes with torchrun"
+    return {population: (4 * dim * (args.population_size // 2 + 2 * args.population_size // args.world_size), device, fix)}
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
@@ -611,22 +583,19 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
     ])  # fmt: skip
     sizes = " ".join(map(str, args.hidden_sizes))
-    if any(width < 1 for width in args.hidden_sizes):
-        fail(f"--hidden-sizes {sizes} has a width below 1; pass positive widths, e.g. --hidden-sizes 32 32")
-    if any(width > MAX_WIDTH for width in args.hidden_sizes):
-        fail(f"--hidden-sizes {sizes} has a width above {MAX_WIDTH}; pass widths of at most {MAX_WIDTH}")
+    if not all(1 <= width <= 16384 for width in args.hidden_sizes):  # far beyond Salimans et al.'s 64 to 256 units
+        fail(f"--hidden-sizes {sizes} has a width below 1 or above 16384; pass widths in [1, 16384]")
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    pair_split = 2 * args.world_size
-    if args.population_size % pair_split:
-        fail(
-            f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
-            f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // pair_split) * pair_split}"
-        )
-    args.horizon = args.max_episode_steps or time_limit(args.env_id)
+    if args.population_size % (n := 2 * args.world_size):
+        fail(f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
+             f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // n) * n}")  # fmt: skip
+    args.horizon = args.max_episode_steps
+    if not args.horizon:  # the env's own time limit; gym.make, not gym.spec, imports the module of a 'module:Env-v0' id
+        spec = envpool.make_spec(args.env_id).config if envpool_has(args.env_id) else gym.make(args.env_id).spec
+        args.horizon = int(getattr(spec, "max_episode_steps", 0) or 0)
     if args.horizon < 1:
         fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
-    # only process 0 evaluates, so only it needs to know
-    if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):
+    if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):  # process 0 evaluates
         if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
             fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
         print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
