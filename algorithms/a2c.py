@@ -1,7 +1,6 @@
 """A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it (benchmark/a2c.sh).
 
-Reading guide: the algorithm first, down to `# The algorithm ends here` (Args, the network and its memory, the
-maths, the optimiser, the update, main); then this file's machinery, and the plumbing all files share."""
+Reading guide: the algorithm down to `# The algorithm ends here`; below, its machinery and shared plumbing."""
 
 import os
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from torch.distributions import Categorical, Independent, Normal
 
 @dataclass
 class Args:
-    # --- algorithm ---
     total_timesteps: int = 500_000
     """total env steps over all envs; may be raised on --resume to extend a run"""
     learning_rate: float = 7e-4
@@ -37,7 +35,7 @@ class Args:
     rmsprop_alpha: float = 0.99
     """RMSprop smoothing constant"""
     rmsprop_eps: float = 1e-5
-    """RMSprop epsilon"""
+    """RMSprop epsilon (Baselines' and SB3's: PyTorch's 1e-8 blows tiny gradients up)"""
     rmsprop_tf_like: bool = False
     """RMSprop as TensorFlow computes it (epsilon inside the square root, mean square initialised to 1)"""
     norm_adv: bool = False
@@ -60,7 +58,7 @@ class Args:
     """a recurrent layer between the observation encoder and the heads (none: a feed-forward policy)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-    # --- run settings (and RunFlags, below the marker: evaluation, checkpoints, video, logging; sizes) ---
+    # --- run settings ---
     exp_name: str = "a2c"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
@@ -81,6 +79,30 @@ class Args:
     """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
     """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_interval: int = 100
+    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
 
 
 # Networks: CleanRL's, initialised as Huang et al. 2022 (detail 2: orthogonal weights, zero biases)
@@ -233,8 +255,7 @@ def a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef: float
         var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
         advantages = (advantages - mean) / (var.sqrt() + 1e-8)
     pg_loss = masked_mean(-advantages.detach() * logprob, mask)
-    # the plain mean squared error, as SB3's and Baselines' A2C (ppo.py halves it): vf_coef as theirs
-    v_loss = masked_mean((value - returns) ** 2, mask)
+    v_loss = masked_mean((value - returns) ** 2, mask)  # not halved, as SB3 and Baselines (ppo.py halves it)
     entropy_loss = masked_mean(entropy, mask)
     loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
     return loss, dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
@@ -320,10 +341,8 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
 
 
 def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
-    # RMSprop as A3C (Mnih et al. 2016); alpha 0.99, eps 1e-5 as Baselines and SB3: PyTorch's 1e-8 in
-    # lr * g / (sqrt(mean g^2) + eps) blows tiny gradients up. TensorFlow's, eps inside: --rmsprop-tf-like
-    settings = dict(lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    if args.rmsprop_tf_like:
+    settings = dict(lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)  # A3C's RMSprop
+    if args.rmsprop_tf_like:  # TensorFlow's, eps inside the root
         return RMSpropTF(params, **settings)
     return torch.optim.RMSprop(params, **settings, foreach=True)  # foreach: a few ops over all parameters
 
@@ -333,24 +352,21 @@ class RMSpropTF(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, alpha: float, eps: float):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
-        # made here: one made in a step that --cudagraphs captures, the graph's next replay overwrites
         for p in (p for group in self.param_groups for p in group["params"]):
-            self.state[p]["square_avg"] = torch.ones_like(p)
+            self.state[p]["square_avg"] = torch.ones_like(p)  # not in step(): a graph replay overwrites it
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                square_avg = self.state[p]["square_avg"].mul_(group["alpha"])
-                square_avg.addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
-                p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr: a float or a tensor
+        for group, p in ((g, p) for g in self.param_groups for p in g["params"] if p.grad is not None):
+            square_avg = self.state[p]["square_avg"].mul_(group["alpha"])
+            square_avg.addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
+            p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr: a float or a tensor
 
 
 def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step and the update, which --compile hands to torch.compile (LeanRL's way)."""
+    """The acting step and the update (loss, gradient, RMSprop step), both compiled by --compile (LeanRL)."""
 
     def update(batch: dict, memory: dict) -> dict:
-        """The whole rollout (memory: the state to replay it from, or none): loss, gradient, RMSprop step."""
         optimizer.zero_grad(set_to_none=True)
         _, logprob, entropy, value, _ = agent.get_action_and_value(batch["obs"], batch["actions"], **memory)
         loss, stats = a2c_loss(logprob, entropy, value, batch["advantages"], batch["returns"], batch["valid"],
@@ -377,10 +393,9 @@ def main(args: Args) -> None:
     if args.world_size > 1:  # torchrun: the same weights, but each process samples its own actions
         torch.manual_seed(args.seed + run.rank)
     global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
-    # rollout storage, preallocated on the device: T steps of this process's N envs; uint8 frames stay uint8
-    T, N = args.num_steps, args.num_envs // args.world_size
-    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32
-    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=obs_dtype, device=device)
+    next_obs = to_obs_tensor(run.envs.reset()[0], device, obs_rms)
+    T, N = args.num_steps, args.num_envs // args.world_size  # the rollout, preallocated on the device
+    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=next_obs.dtype, device=device)  # uint8 stays uint8
     if agent.frames:  # channels-last, (H, W, C) in memory, seen as (C, H, W), as the trunk's kernels want
         obs = obs.movedim(-3, -1).contiguous().movedim(-1, -3)
     action_dtype = torch.float32 if agent.continuous else torch.long
@@ -388,7 +403,6 @@ def main(args: Args) -> None:
     values = torch.zeros((T, N), device=device)
     step_rows = torch.zeros((4, T, N), device=device)  # a step's rows, filled on the host, then one copy
     rewards, terminations, dones, valid = step_rows.unbind()
-    next_obs = to_obs_tensor(run.envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step after a done
     state = agent.initial_state(N, device)  # recurrent: carried step to step, zeroed where an episode starts
     next_start = torch.ones(N, device=device)
@@ -419,9 +433,8 @@ def main(args: Args) -> None:
             if state is not None:  # recurrent: zeroed after the reset step (it acts on the last observation)
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
-            end = info["terminated"].astype(bool) | trunc if run.is_atari else done
-            score = info["reward"] if run.is_atari else reward
+            end = info["terminated"].astype(bool) | trunc if run.is_atari else done  # Atari: the whole game
+            score = info["reward"] if run.is_atari else reward  # the raw score, not the clipped one
             ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, end)
             finished.append((global_step, *ended))
             next_valid = ~done
@@ -429,17 +442,15 @@ def main(args: Args) -> None:
         with torch.no_grad():
             next_value = agent.get_value(next_obs, state, next_start)
         advantages, returns = compute_gae(rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda)
-        # --- update: one gradient step on the whole rollout, flat (with memory, obs stay sequences) ---
-        memory = {}  # recurrent: each env's sequence, replayed from its state at the rollout's start
-        if state is not None:
-            memory = dict(state=rollout_state, starts=starts, spans=memory_spans(starts.cpu().numpy() > 0))
+        # --- update: one gradient step on the whole rollout (memory: each env's sequence from its start) ---
+        spans = None if state is None else memory_spans(starts.cpu().numpy() > 0)
+        memory = {} if state is None else dict(state=rollout_state, starts=starts, spans=spans)
         batch = dict(obs=obs.flatten(0, 1) if state is None else obs, actions=actions.flatten(0, 1),
                      values=values.flatten(), advantages=advantages.flatten(), returns=returns.flatten(),
                      valid=valid.flatten())  # fmt: skip
         stats = update(batch, memory)
         # --- logging (process 0, every --log-interval iterations), evaluation, checkpoint, stop requests ---
-        nets = (agent, optimizer, obs_rms, return_rms)
-        end_iteration(args, run, nets, finished, stats, batch, lr, global_step, iteration)
+        end_iteration(args, run, (agent, optimizer, obs_rms, return_rms), finished, stats, batch, lr, global_step, iteration)
     end_run(args, run, agent, obs_rms, global_step)  # the final model saved, reloaded and evaluated
 
 
@@ -458,41 +469,6 @@ import types
 
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
-
-
-@dataclass
-class RunFlags:
-    """This file's run flags (evaluation, checkpoints, video, progress and log lines) and the sizes check_args computes,
-    which Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the loop."""
-
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_interval: int = 100
-    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
-    # --- computed by check_args ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
-
-
-Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
 
 # The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
 # so that a file of another layout is refused in one line instead of failing part way through a resume
