@@ -1,7 +1,6 @@
 """A2C, the synchronous A3C (Mnih et al. 2016), as SB3 and OpenAI Baselines run it (benchmark/a2c.sh).
 
-Reading guide: the algorithm first, down to `# The algorithm ends here` (Args, the network and its memory, the
-maths, the optimiser, the update, main); then this file's machinery, and the plumbing all files share."""
+Reading guide: the algorithm down to `# The algorithm ends here`; below, its machinery and shared plumbing."""
 
 import os
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from torch.distributions import Categorical, Independent, Normal
 
 @dataclass
 class Args:
-    # --- algorithm ---
     total_timesteps: int = 500_000
     """total env steps over all envs; may be raised on --resume to extend a run"""
     learning_rate: float = 7e-4
@@ -37,7 +35,7 @@ class Args:
     rmsprop_alpha: float = 0.99
     """RMSprop smoothing constant"""
     rmsprop_eps: float = 1e-5
-    """RMSprop epsilon"""
+    """RMSprop epsilon (Baselines' and SB3's: PyTorch's 1e-8 blows tiny gradients up)"""
     rmsprop_tf_like: bool = False
     """RMSprop as TensorFlow computes it (epsilon inside the square root, mean square initialised to 1)"""
     norm_adv: bool = False
@@ -60,7 +58,7 @@ class Args:
     """a recurrent layer between the observation encoder and the heads (none: a feed-forward policy)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-    # --- run settings (and RunFlags, below the marker: evaluation, checkpoints, video, logging; sizes) ---
+    # --- run settings ---
     exp_name: str = "a2c"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
@@ -81,6 +79,30 @@ class Args:
     """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
     """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    log_interval: int = 100
+    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
+    batch_size: tyro.conf.Suppress[int] = 0
+    """num_envs * num_steps (computed)"""
+    num_iterations: tyro.conf.Suppress[int] = 0
+    """total_timesteps // batch_size (computed)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
 
 
 # Networks: CleanRL's, initialised as Huang et al. 2022 (detail 2: orthogonal weights, zero biases)
@@ -233,8 +255,7 @@ def a2c_loss(logprob, entropy, value, advantages, returns, mask, ent_coef: float
         var = ((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1.0).clamp(min=1.0)
         advantages = (advantages - mean) / (var.sqrt() + 1e-8)
     pg_loss = masked_mean(-advantages.detach() * logprob, mask)
-    # the plain mean squared error, as SB3's and Baselines' A2C (ppo.py halves it): vf_coef as theirs
-    v_loss = masked_mean((value - returns) ** 2, mask)
+    v_loss = masked_mean((value - returns) ** 2, mask)  # not halved, as SB3 and Baselines (ppo.py halves it)
     entropy_loss = masked_mean(entropy, mask)
     loss = pg_loss - ent_coef * entropy_loss + vf_coef * v_loss
     return loss, dict(policy_loss=pg_loss.detach(), value_loss=v_loss.detach(), entropy=entropy_loss.detach())
@@ -320,10 +341,8 @@ def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
 
 
 def make_optimizer(params, args: Args) -> torch.optim.Optimizer:
-    # RMSprop as A3C (Mnih et al. 2016); alpha 0.99, eps 1e-5 as Baselines and SB3: PyTorch's 1e-8 in
-    # lr * g / (sqrt(mean g^2) + eps) blows tiny gradients up. TensorFlow's, eps inside: --rmsprop-tf-like
-    settings = dict(lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    if args.rmsprop_tf_like:
+    settings = dict(lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)  # A3C's RMSprop
+    if args.rmsprop_tf_like:  # TensorFlow's, eps inside the root
         return RMSpropTF(params, **settings)
     return torch.optim.RMSprop(params, **settings, foreach=True)  # foreach: a few ops over all parameters
 
@@ -333,24 +352,21 @@ class RMSpropTF(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, alpha: float, eps: float):
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps))
-        # made here: one made in a step that --cudagraphs captures, the graph's next replay overwrites
         for p in (p for group in self.param_groups for p in group["params"]):
-            self.state[p]["square_avg"] = torch.ones_like(p)
+            self.state[p]["square_avg"] = torch.ones_like(p)  # not in step(): a graph replay overwrites it
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                square_avg = self.state[p]["square_avg"].mul_(group["alpha"])
-                square_avg.addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
-                p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr: a float or a tensor
+        for group, p in ((g, p) for g in self.param_groups for p in g["params"] if p.grad is not None):
+            square_avg = self.state[p]["square_avg"].mul_(group["alpha"])
+            square_avg.addcmul_(p.grad, p.grad, value=1.0 - group["alpha"])
+            p.sub_(group["lr"] * p.grad / (square_avg + group["eps"]).sqrt())  # lr: a float or a tensor
 
 
 def training_steps(agent: Agent, optimizer: torch.optim.Optimizer, args: Args):
-    """The acting step and the update, which --compile hands to torch.compile (LeanRL's way)."""
+    """The acting step and the update (loss, gradient, RMSprop step), both compiled by --compile (LeanRL)."""
 
     def update(batch: dict, memory: dict) -> dict:
-        """The whole rollout (memory: the state to replay it from, or none): loss, gradient, RMSprop step."""
         optimizer.zero_grad(set_to_none=True)
         _, logprob, entropy, value, _ = agent.get_action_and_value(batch["obs"], batch["actions"], **memory)
         loss, stats = a2c_loss(logprob, entropy, value, batch["advantages"], batch["returns"], batch["valid"],
@@ -377,10 +393,9 @@ def main(args: Args) -> None:
     if args.world_size > 1:  # torchrun: the same weights, but each process samples its own actions
         torch.manual_seed(args.seed + run.rank)
     global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
-    # rollout storage, preallocated on the device: T steps of this process's N envs; uint8 frames stay uint8
-    T, N = args.num_steps, args.num_envs // args.world_size
-    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32
-    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=obs_dtype, device=device)
+    next_obs = to_obs_tensor(run.envs.reset()[0], device, obs_rms)
+    T, N = args.num_steps, args.num_envs // args.world_size  # the rollout, preallocated on the device
+    obs = torch.zeros((T, N) + run.obs_space.shape, dtype=next_obs.dtype, device=device)  # uint8 stays uint8
     if agent.frames:  # channels-last, (H, W, C) in memory, seen as (C, H, W), as the trunk's kernels want
         obs = obs.movedim(-3, -1).contiguous().movedim(-1, -3)
     action_dtype = torch.float32 if agent.continuous else torch.long
@@ -388,7 +403,6 @@ def main(args: Args) -> None:
     values = torch.zeros((T, N), device=device)
     step_rows = torch.zeros((4, T, N), device=device)  # a step's rows, filled on the host, then one copy
     rewards, terminations, dones, valid = step_rows.unbind()
-    next_obs = to_obs_tensor(run.envs.reset()[0], device, obs_rms)
     next_valid = np.ones(N, dtype=bool)  # False on the reset step after a done
     state = agent.initial_state(N, device)  # recurrent: carried step to step, zeroed where an episode starts
     next_start = torch.ones(N, device=device)
@@ -419,9 +433,8 @@ def main(args: Args) -> None:
             if state is not None:  # recurrent: zeroed after the reset step (it acts on the last observation)
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
-            end = info["terminated"].astype(bool) | trunc if run.is_atari else done
-            score = info["reward"] if run.is_atari else reward
+            end = info["terminated"].astype(bool) | trunc if run.is_atari else done  # Atari: the whole game
+            score = info["reward"] if run.is_atari else reward  # the raw score, not the clipped one
             ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, end)
             finished.append((global_step, *ended))
             next_valid = ~done
@@ -429,26 +442,21 @@ def main(args: Args) -> None:
         with torch.no_grad():
             next_value = agent.get_value(next_obs, state, next_start)
         advantages, returns = compute_gae(rewards, values, next_value, terminations, dones, valid, args.gamma, args.gae_lambda)
-        # --- update: one gradient step on the whole rollout, flat (with memory, obs stay sequences) ---
-        memory = {}  # recurrent: each env's sequence, replayed from its state at the rollout's start
-        if state is not None:
-            memory = dict(state=rollout_state, starts=starts, spans=memory_spans(starts.cpu().numpy() > 0))
+        # --- update: one gradient step on the whole rollout (memory: each env's sequence from its start) ---
+        spans = None if state is None else memory_spans(starts.cpu().numpy() > 0)
+        memory = {} if state is None else dict(state=rollout_state, starts=starts, spans=spans)
         batch = dict(obs=obs.flatten(0, 1) if state is None else obs, actions=actions.flatten(0, 1),
                      values=values.flatten(), advantages=advantages.flatten(), returns=returns.flatten(),
                      valid=valid.flatten())  # fmt: skip
         stats = update(batch, memory)
         # --- logging (process 0, every --log-interval iterations), evaluation, checkpoint, stop requests ---
-        nets = (agent, optimizer, obs_rms, return_rms)
-        end_iteration(args, run, nets, finished, stats, batch, lr, global_step, iteration)
+        end_iteration(args, run, (agent, optimizer, obs_rms, return_rms), finished, stats, batch, lr, global_step, iteration)
     end_run(args, run, agent, obs_rms, global_step)  # the final model saved, reloaded and evaluated
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-# ---------------------------------------------------------------------------------------------------------------
-# This file's machinery: presets, envs, evaluation, checks, torchrun helpers, and what main calls by name
-# ---------------------------------------------------------------------------------------------------------------
+# --- This file's machinery: presets, envs, evaluation, checks, torchrun helpers, and what main calls by name ---
 import difflib
-import os
 import signal
 import subprocess
 import sys
@@ -459,73 +467,32 @@ import types
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
-
-@dataclass
-class RunFlags:
-    """This file's run flags (evaluation, checkpoints, video, progress and log lines) and the sizes check_args computes,
-    which Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the loop."""
-
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/a2c.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off: sampling, as CleanRL's PPO evaluation does"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    log_interval: int = 100
-    """iterations between loss, SPS and learning-rate logs (SB3's A2C default); losses averaged over them"""
-    # --- computed by check_args ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
-
-
-Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
-
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
+# The layout of checkpoints and models: raised when a field changes, so an old file is refused in one line, not mid-resume
 CHECKPOINT_FORMAT = 2
 
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-RANGES = dict(
+RANGES = dict(  # every numeric flag's interval, checked before anything else happens
     seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
     progress_interval="[0, inf)", log_interval="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
     num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", rmsprop_alpha="[0, 1)",
     rmsprop_eps="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="(0, inf)", rnn_size="[1, 16384]",
 )  # fmt: skip
 
-# rl-baselines3-zoo's hyperparams/a2c.yml on top of SB3's A2C defaults (lr 7e-4, 5 steps, gamma 0.99, lambda 1,
-# vf 0.5, grad clip 0.5, RMSprop eps 1e-5), whose published results benchmark/a2c.sh reproduces. classic is its
-# CartPole-v1 entry (Acrobot and MountainCar add 16 envs and normalisation in a2c.sh); mujoco its MuJoCo entries,
-# whose `normalize: true` is SB3's VecNormalize defaults while training: observations and rewards (the zoo's model
-# cards list norm_reward False: that is the evaluation's setting). A preset only changes defaults: any flag given on
-# the command line wins.
-PRESETS = {
-    "classic": dict(),
-    "atari": dict(total_timesteps=10_000_000, num_envs=16, ent_coef=0.01, vf_coef=0.25, rmsprop_tf_like=True),
-    "mujoco": dict(total_timesteps=1_000_000, num_envs=1, norm_obs=True, norm_reward=True),
-}
+# rl-baselines3-zoo's hyperparams/a2c.yml over SB3's A2C defaults (Args'), whose results benchmark/a2c.sh reproduces:
+# classic is its CartPole-v1 entry; mujoco's `normalize: true` is VecNormalize's training defaults (observations and
+# rewards). A preset only changes defaults: a flag on the command line wins.
+PRESETS = dict(
+    classic=dict(),
+    atari=dict(total_timesteps=10_000_000, num_envs=16, ent_coef=0.01, vf_coef=0.25, rmsprop_tf_like=True),
+    mujoco=dict(total_timesteps=1_000_000, num_envs=1, norm_obs=True, norm_reward=True),
+)
 
 
 def preset_defaults(argv: list[str]) -> Args:
     """The defaults of the preset the command line asks for; auto picks it from the env's spaces."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
     if preset == "auto":
-        obs_space, action_space = env_spaces(env_id)
-        image = len(obs_space.shape or ()) == 3
-        preset = "atari" if image else "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
+        obs, act = env_spaces(env_id)
+        preset = "atari" if len(obs.shape or ()) == 3 else "mujoco" if isinstance(act, gym.spaces.Box) else "classic"
     return Args(env_id=env_id, **PRESETS.get(preset, {}))
 
 
@@ -583,25 +550,13 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
 
 
 def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_clip: bool, backend: str, render=False):
-    """A vector env with next-step autoreset, from the backend pick_backend chooses.
-
-    Returns (envs, is_atari). After a step that ends an episode, the next step ignores its action and returns
-    reward 0 and the first observation of the next episode; the training loop masks that step out.
-    """
+    """A vector env with next-step autoreset (the loop masks the reset step out), and whether it is envpool's Atari."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
-        is_atari = atari_id(env_id)
-        atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip) if is_atari else {}
-        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
-        return envs, is_atari
-    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
-    envs = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
-        **render_kwargs,
-    )
+        atari = dict(episodic_life=episodic_life, reward_clip=reward_clip) if atari_id(env_id) else {}
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari, **render_kwargs), bool(atari)
+    autoreset = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)  # gymnasium 1.x's, as envpool's
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=autoreset, **render_kwargs)
     envs.reset(seed=seed)
     return envs, False
 
@@ -623,7 +578,6 @@ def can_render(env_id: str, backend: str) -> bool:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
 
 
-# --- running statistics under torchrun, --compile, evaluation, checks ---
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
     process: its own rows, as they are."""
@@ -635,9 +589,7 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def compiled_if_asked(agent: Agent, optimizer: torch.optim.Optimizer, update, args: Args):
-    """training_steps' acting step and update, handed to torch.compile with --compile (LeanRL's approach: the same
-    code, traced once), the learning rate then held in a tensor, so that annealing it does not recompile the update;
-    without --compile, as they are."""
+    """training_steps' two functions, compiled with --compile (LeanRL's way), the rate then a tensor: no recompiles."""
     if not args.compile:
         return agent.get_action_and_value, update
     optimizer.param_groups[0]["lr"] = torch.tensor(args.learning_rate, device=next(agent.parameters()).device)
@@ -663,10 +615,7 @@ def bf16_note(device: torch.device) -> str:
 
 
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
-    """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs.
-
-    Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
-    """
+    """The returns of each eval env's first whole episode (raw score, no life loss or clipping), statistics frozen."""
     envs, _ = make_env(args.env_id, args.eval_episodes, args.seed + 100_000, False, False, args.env_backend, video is not None)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
@@ -723,8 +672,7 @@ def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage: the rollout on the training device (observations as they come, uint8
-    frames as uint8; actions; five float32 (T, N) tensors, and the update's advantages and returns)."""
+    """The rollout for check_storage: observations as they come (uint8 as uint8), actions, seven float32 (T, N) rows."""
     T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
     obs_bytes = int(np.prod(obs_space.shape)) * (1 if obs_space.dtype == np.uint8 else 4)
     action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
@@ -743,53 +691,46 @@ def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
+    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together; the sizes."""
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         fail(f"a2c.py handles Discrete and Box action spaces; {args.env_id} has {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"a2c.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    evaluates = args.eval_every > 0 or args.save_model
-    uint8_obs = (
-        f"is for vector observations, and {args.env_id} has uint8 frames"
-        if len(obs_space.shape) == 3
-        else f"is for float observations, and {args.env_id} has uint8 ones, which the network scales by 1/255 instead"
-    )
+    uint8_obs = (f"is for vector observations, and {args.env_id} has uint8 frames" if len(obs_space.shape) == 3 else
+                 f"is for float observations, and {args.env_id} has uint8 ones, scaled by 1/255 in the network")  # fmt: skip
+    on_cpu = not (args.cuda and torch.cuda.is_available())
     refuse_meaningless(args, [
         (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
         (("episodic_life", "reward_clip"), not atari_id(args.env_id),
          f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
-        (("eval_episodes", "eval_deterministic", "capture_video"), not evaluates,
+        (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
-         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+        (("cudagraphs",), on_cpu, "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
         fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
+    if args.cudagraphs and on_cpu:  # a resumed checkpoint's (a typed one is refused above)
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.rnn != "none" and args.compile:
-        fail(f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
-             "and each new length would compile again; leave out --compile and --cudagraphs")  # fmt: skip
+    if args.rnn != "none" and args.compile:  # spans of a new length every rollout: a new compile each
+        fail(f"--rnn {args.rnn} runs eagerly (its update's spans change length every rollout); leave out --compile")
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.num_envs % args.world_size:
-        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
-             f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes")  # fmt: skip
-    if args.world_size > 1 and args.compile:
-        fail("--compile runs in one process: with several, gradients are averaged over the processes between the update's "
-             "backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs")  # fmt: skip
+        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; "
+             f"pass a multiple of {args.world_size}")  # fmt: skip
+    if args.world_size > 1 and args.compile:  # gradients are averaged outside the compiled update
+        fail("--compile runs in one process; leave out --compile and --cudagraphs under torchrun")
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
-    # the flag out of proportion: the env count where it is further above its default than the budget is below its own
+    # the env count is at fault where it is further above its default than the budget is below its own
     many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
     if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
-             f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
-             f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
+        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}; pass --num-envs "
+             f"at most {args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
