@@ -540,8 +540,7 @@ RANGES = dict(
     frame_stack="[1, inf)", rnn_size="[1, 16384]",
 )  # fmt: skip
 
-# CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py, whose results benchmark/ppo.sh reproduces;
-# a preset changes defaults only: a flag given on the command line wins
+# CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py (benchmark/ppo.sh); a typed flag wins over them
 PRESETS = {
     "classic": dict(),
     "atari": dict(total_timesteps=10_000_000, num_envs=8, clip_coef=0.1),
@@ -680,8 +679,7 @@ def bf16_note(device: torch.device) -> str:
 
 # Evaluation, resume, final model, storage and argument checks of this algorithm
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
-    """The returns of one full episode (raw score, no life loss or clipping) on each of --eval-episodes envs, statistics
-    frozen; `video`: env 0's episode."""
+    """One full episode per eval env (raw score, no life loss or clipping, statistics frozen): the returns; video: env 0's."""
     seed, render = args.seed + 100_000, video is not None
     envs, _ = make_env(args.env_id, args.eval_episodes, seed, False, False, args.env_backend, render, args.frame_stack)
     obs, _ = envs.reset()
