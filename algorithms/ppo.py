@@ -1,7 +1,6 @@
 """PPO (Schulman et al. 2017) with the details of Huang et al. 2022; benchmark: `bash benchmark/ppo.sh`.
 
-Reading guide: the algorithm first, down to `# The algorithm ends here` (Args, the network and its memory,
-the maths, the statistics, the update, main); then this file's machinery, and the plumbing all files share."""
+Reading guide: Args, network, maths, update and main down to `# The algorithm ends here`; plumbing below."""
 
 import os
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ class Args:
     """a recurrent layer between the encoder and the heads, with its preset's settings (RNN_PRESETS)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-    # --- run settings (and RunFlags, below the marker: evaluation, checkpoints, video, progress; sizes) ---
+    # --- run settings ---
     exp_name: str = "ppo"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
@@ -87,6 +86,26 @@ class Args:
     """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
     """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off, as CleanRL's PPO evaluation samples"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    batch_size: tyro.conf.Suppress[int] = 0  # computed by check_args, not a flag: num_envs * num_steps
+    minibatch_size: tyro.conf.Suppress[int] = 0  # batch_size // num_minibatches (each process its share)
+    num_iterations: tyro.conf.Suppress[int] = 0  # total_timesteps // batch_size
+    world_size: tyro.conf.Suppress[int] = 1  # torchrun's WORLD_SIZE: processes, each num_envs / world_size
 
 
 # Networks: CleanRL's, with the initialisation of Huang et al. 2022
@@ -370,8 +389,7 @@ def ppo_update(update, rollout: dict, args: Args, memory: dict) -> dict:
     num_steps, num_envs = rollout["valid"].shape  # this process's envs
     device = rollout["valid"].device
     flat = {name: x.flatten(0, 1) for name, x in rollout.items()}
-    sums = 0.0  # the loss terms', over the minibatches
-    num_updates = 0
+    sums, num_updates = 0.0, 0  # the loss terms' sums over the minibatches, and their count
     for _epoch in range(args.update_epochs):
         if not memory:  # each minibatch gathered as it comes
             perm = torch.randperm(num_steps * num_envs, device=device)
@@ -388,14 +406,12 @@ def ppo_update(update, rollout: dict, args: Args, memory: dict) -> dict:
             stats = update(mb, mb_memory)
             sums = sums + torch.stack(list(stats.values()))
             num_updates += 1
-        # early stop (Huang et al. 2022, auxiliary detail 3): one host sync per epoch; torchrun: the mean KL
-        if args.target_kl is not None:
+        if args.target_kl is not None:  # early stop (Huang et al. 2022, auxiliary detail 3), on the mean KL
             if mean_over_processes(stats["approx_kl"], args.world_size).item() > args.target_kl:
                 break
     return dict(zip(stats, sums / num_updates, strict=True))
 
 
-# The training loop
 def main(args: Args) -> None:
     # --- set-up: checks, processes, run directory, writer, this process's envs (start_run, below); agent ---
     run = start_run(args)
@@ -410,9 +426,8 @@ def main(args: Args) -> None:
     if args.world_size > 1:  # torchrun: the same weights, but each process's own actions and minibatches
         torch.manual_seed(args.seed + run.rank)
     global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
-    # rollout storage, preallocated on the device: T steps of this process's N envs; uint8 frames stay uint8
-    T, N = args.num_steps, args.num_envs // args.world_size
-    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32
+    T, N = args.num_steps, args.num_envs // args.world_size  # storage: T steps of this process's N envs
+    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32  # uint8 frames stay uint8
     obs = torch.zeros((T, N) + run.obs_space.shape, dtype=obs_dtype, device=device)
     if agent.frames:  # channels-last, (H, W, C) in memory, seen as (C, H, W), as the trunk's kernels want
         obs = obs.movedim(-3, -1).contiguous().movedim(-1, -3)
@@ -453,9 +468,8 @@ def main(args: Args) -> None:
             if state is not None:  # recurrent: zeroed after the reset step (it acts on the last observation)
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
-            end = info["terminated"].astype(bool) | trunc if run.is_atari else done
-            score = info["reward"] if run.is_atari else reward
+            end = info["terminated"].astype(bool) | trunc if run.is_atari else done  # Atari: game, not life
+            score = info["reward"] if run.is_atari else reward  # Atari: the raw score, not the clipped
             ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, end)
             finished.append((global_step, *ended))
             next_valid = ~done
@@ -471,8 +485,7 @@ def main(args: Args) -> None:
                        returns=returns, valid=valid)  # fmt: skip
         stats = ppo_update(update, rollout, args, memory)
         # --- logging (process 0, with every process's episodes), evaluation, checkpoint, stop requests ---
-        nets = (agent, optimizer, obs_rms, return_rms)
-        end_iteration(args, run, nets, finished, stats, rollout, lr, global_step, iteration)
+        end_iteration(args, run, (agent, optimizer, obs_rms, return_rms), finished, stats, rollout, lr, global_step, iteration)
     end_run(args, run, agent, obs_rms, global_step)  # the final model saved, reloaded and evaluated
 
 
@@ -491,42 +504,6 @@ import types
 
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
-
-
-@dataclass
-class RunFlags:
-    """This file's run flags (evaluation, checkpoints, video, progress lines) and the sizes check_args computes, which
-    Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the algorithm."""
-
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off, as CleanRL's PPO evaluation samples"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    # --- computed by check_args ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches; each process's share of it is its minibatch (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
-
-
-Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
-
 
 # The layout of this file's checkpoints and models: raised when a field changes, so that --resume refuses another in one line
 CHECKPOINT_FORMAT = 2
