@@ -1,7 +1,6 @@
 """PPO (Schulman et al. 2017) with the details of Huang et al. 2022; benchmark: `bash benchmark/ppo.sh`.
 
-Reading guide: the algorithm first, down to `# The algorithm ends here` (Args, the network and its memory,
-the maths, the statistics, the update, main); then this file's machinery, and the plumbing all files share."""
+Reading guide: Args, network, maths, update and main down to `# The algorithm ends here`; plumbing below."""
 
 import os
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ class Args:
     """a recurrent layer between the encoder and the heads, with its preset's settings (RNN_PRESETS)"""
     rnn_size: int = 128
     """units of the recurrent layer (and of its state)"""
-    # --- run settings (and RunFlags, below the marker: evaluation, checkpoints, video, progress; sizes) ---
+    # --- run settings ---
     exp_name: str = "ppo"
     """name of this experiment, part of the run directory name"""
     env_id: str = "CartPole-v1"
@@ -87,6 +86,26 @@ class Args:
     """CUDA graphs on top of --compile (its "reduce-overhead" mode); needs a CUDA device, implies --compile"""
     bf16: bool = False
     """frames: the trunk in bfloat16 autocast; weights, heads and losses stay float32 (docs/speed.md)"""
+    capture_video: bool = False
+    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
+    save_model: bool = False
+    """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
+    eval_every: int = 0
+    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
+    eval_episodes: int = 10
+    """episodes per evaluation (one per eval env)"""
+    eval_deterministic: bool = False
+    """evaluate the greedy policy (argmax / Gaussian mean); off, as CleanRL's PPO evaluation samples"""
+    checkpoint_every: int = 0
+    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
+    resume: str = ""
+    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
+    progress_interval: float = 5.0
+    """seconds between progress lines"""
+    batch_size: tyro.conf.Suppress[int] = 0  # computed by check_args, not a flag: num_envs * num_steps
+    minibatch_size: tyro.conf.Suppress[int] = 0  # batch_size // num_minibatches (each process its share)
+    num_iterations: tyro.conf.Suppress[int] = 0  # total_timesteps // batch_size
+    world_size: tyro.conf.Suppress[int] = 1  # torchrun's WORLD_SIZE: processes, each num_envs / world_size
 
 
 # Networks: CleanRL's, with the initialisation of Huang et al. 2022
@@ -370,8 +389,7 @@ def ppo_update(update, rollout: dict, args: Args, memory: dict) -> dict:
     num_steps, num_envs = rollout["valid"].shape  # this process's envs
     device = rollout["valid"].device
     flat = {name: x.flatten(0, 1) for name, x in rollout.items()}
-    sums = 0.0  # the loss terms', over the minibatches
-    num_updates = 0
+    sums, num_updates = 0.0, 0  # the loss terms' sums over the minibatches, and their count
     for _epoch in range(args.update_epochs):
         if not memory:  # each minibatch gathered as it comes
             perm = torch.randperm(num_steps * num_envs, device=device)
@@ -388,14 +406,12 @@ def ppo_update(update, rollout: dict, args: Args, memory: dict) -> dict:
             stats = update(mb, mb_memory)
             sums = sums + torch.stack(list(stats.values()))
             num_updates += 1
-        # early stop (Huang et al. 2022, auxiliary detail 3): one host sync per epoch; torchrun: the mean KL
-        if args.target_kl is not None:
+        if args.target_kl is not None:  # early stop (Huang et al. 2022, auxiliary detail 3), on the mean KL
             if mean_over_processes(stats["approx_kl"], args.world_size).item() > args.target_kl:
                 break
     return dict(zip(stats, sums / num_updates, strict=True))
 
 
-# The training loop
 def main(args: Args) -> None:
     # --- set-up: checks, processes, run directory, writer, this process's envs (start_run, below); agent ---
     run = start_run(args)
@@ -410,9 +426,8 @@ def main(args: Args) -> None:
     if args.world_size > 1:  # torchrun: the same weights, but each process's own actions and minibatches
         torch.manual_seed(args.seed + run.rank)
     global_step, start_iteration = restore_run(args, run, agent, optimizer, obs_rms, return_rms)
-    # rollout storage, preallocated on the device: T steps of this process's N envs; uint8 frames stay uint8
-    T, N = args.num_steps, args.num_envs // args.world_size
-    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32
+    T, N = args.num_steps, args.num_envs // args.world_size  # storage: T steps of this process's N envs
+    obs_dtype = torch.uint8 if run.obs_space.dtype == np.uint8 else torch.float32  # uint8 frames stay uint8
     obs = torch.zeros((T, N) + run.obs_space.shape, dtype=obs_dtype, device=device)
     if agent.frames:  # channels-last, (H, W, C) in memory, seen as (C, H, W), as the trunk's kernels want
         obs = obs.movedim(-3, -1).contiguous().movedim(-1, -3)
@@ -453,9 +468,8 @@ def main(args: Args) -> None:
             if state is not None:  # recurrent: zeroed after the reset step (it acts on the last observation)
                 starts[step], next_start = next_start, 1.0 - valid[step]
             next_obs = to_obs_tensor(next_obs_np, device, obs_rms)
-            # the logged episode: for Atari the full game (not a life), with its raw score (not the clipped)
-            end = info["terminated"].astype(bool) | trunc if run.is_atari else done
-            score = info["reward"] if run.is_atari else reward
+            end = info["terminated"].astype(bool) | trunc if run.is_atari else done  # Atari: game, not life
+            score = info["reward"] if run.is_atari else reward  # Atari: the raw score, not the clipped
             ep_return, ep_length, *ended = update_episode_stats(ep_return, ep_length, score, next_valid, end)
             finished.append((global_step, *ended))
             next_valid = ~done
@@ -471,15 +485,13 @@ def main(args: Args) -> None:
                        returns=returns, valid=valid)  # fmt: skip
         stats = ppo_update(update, rollout, args, memory)
         # --- logging (process 0, with every process's episodes), evaluation, checkpoint, stop requests ---
-        nets = (agent, optimizer, obs_rms, return_rms)
-        end_iteration(args, run, nets, finished, stats, rollout, lr, global_step, iteration)
+        end_iteration(args, run, (agent, optimizer, obs_rms, return_rms), finished, stats, rollout, lr, global_step, iteration)
     end_run(args, run, agent, obs_rms, global_step)  # the final model saved, reloaded and evaluated
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
 # ===============================================================================================================
-# This file's machinery: presets, envs, evaluation, argument checks, torchrun helpers, start_run, the end of an
-# iteration (logging, evaluation, checkpoint) and end_run: what main calls by name
+# This file's machinery: presets, envs, evaluation, checks, torchrun helpers, and what main calls by name
 # ===============================================================================================================
 import difflib
 import os
@@ -493,120 +505,36 @@ import types
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 
-
-@dataclass
-class RunFlags:
-    """This file's run flags (evaluation, checkpoints, video, progress lines) and the sizes check_args computes, which
-    Args gains here, after its own (as the shared block's Tracking flags): the machinery reads them, not the algorithm."""
-
-    capture_video: bool = False
-    """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
-    save_model: bool = False
-    """save the final model to runs/<run>/ppo.model, then reload it from disk and evaluate it"""
-    eval_every: int = 0
-    """evaluate on separate envs every this many env steps (0: only after training, with --save-model)"""
-    eval_episodes: int = 10
-    """episodes per evaluation (one per eval env)"""
-    eval_deterministic: bool = False
-    """evaluate the greedy policy (argmax / Gaussian mean); off, as CleanRL's PPO evaluation samples"""
-    checkpoint_every: int = 0
-    """write runs/<run>/checkpoint.pt every this many env steps (0: only on Ctrl-C / SIGTERM)"""
-    resume: str = ""
-    """a checkpoint.pt to resume from; the run goes on in its directory with the checkpoint's arguments"""
-    progress_interval: float = 5.0
-    """seconds between progress lines"""
-    # --- computed by check_args ---
-    batch_size: tyro.conf.Suppress[int] = 0
-    """num_envs * num_steps (computed)"""
-    minibatch_size: tyro.conf.Suppress[int] = 0
-    """batch_size // num_minibatches; each process's share of it is its minibatch (computed)"""
-    num_iterations: tyro.conf.Suppress[int] = 0
-    """total_timesteps // batch_size (computed)"""
-    world_size: tyro.conf.Suppress[int] = 1
-    """processes training together (torchrun's WORLD_SIZE), each stepping num_envs / world_size (computed)"""
-
-
-Args = dataclass(type("Args", (RunFlags, Args), {"__doc__": Args.__doc__}))
-
-
-# The layout of this file's checkpoints and saved models: raise it when a field is added, removed or changes meaning,
-# so that a file of another layout is refused in one line instead of failing part way through a resume
+# The layout of this file's checkpoints and models: raised when a field changes, so that --resume refuses another in one line
 CHECKPOINT_FORMAT = 2
 
-
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+# The interval of every numeric flag; parse_args checks them before anything else happens
 RANGES = dict(
-    seed="[0, 1e9]",
-    eval_every="[0, inf)",
-    eval_episodes="[1, inf)",
-    checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)",
-    total_timesteps="[1, inf)",
-    learning_rate="(0, inf)",
-    num_envs="[1, inf)",
-    num_steps="[1, inf)",
-    gamma="[0, 1]",
-    gae_lambda="[0, 1]",
-    num_minibatches="[1, inf)",
-    update_epochs="[1, inf)",
-    clip_coef="(0, inf)",
-    ent_coef="[0, inf)",
-    vf_coef="[0, inf)",
-    max_grad_norm="(0, inf)",
-    target_kl="(0, inf)",
-    frame_stack="[1, inf)",
-    rnn_size="[1, 16384]",
-)
+    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
+    progress_interval="[0, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)", num_envs="[1, inf)",
+    num_steps="[1, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", num_minibatches="[1, inf)", update_epochs="[1, inf)",
+    clip_coef="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="(0, inf)", target_kl="(0, inf)",
+    frame_stack="[1, inf)", rnn_size="[1, 16384]",
+)  # fmt: skip
 
-
-# The settings of CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py, whose published results
-# benchmark/ppo.sh reproduces. A preset only changes defaults: any flag given on the command line wins.
+# CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py (benchmark/ppo.sh); a typed flag wins over them
 PRESETS = {
     "classic": dict(),
     "atari": dict(total_timesteps=10_000_000, num_envs=8, clip_coef=0.1),
-    "mujoco": dict(
-        total_timesteps=1_000_000,
-        learning_rate=3e-4,
-        num_envs=1,
-        num_steps=2048,
-        num_minibatches=32,
-        update_epochs=10,
-        ent_coef=0.0,
-        norm_obs=True,
-        norm_reward=True,
-    ),
-}
-
-
-# With --rnn, the classic preset takes rl-baselines3-zoo's recurrent PPO settings for the velocity-masked CartPole
-# (hyperparams/ppo_lstm.yml, CartPoleNoVel-v1: 8 envs x 32 steps, one minibatch of all of them, 20 epochs, learning
-# rate 1e-3 annealed, gamma 0.98, lambda 0.8, no entropy bonus; observations normalised, as its published model was
-# trained; its clip range is annealed too, here it stays 0.2). The LSTM has 64 units (sb3-contrib's default is 256,
-# with a second LSTM for the critic). The classic defaults do not train a memory in 500k steps: 4 envs x 128 steps in
-# minibatches of one env reached 79.5 on the masked CartPole (seed 1), where these settings solve it.
+    "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32,
+                   update_epochs=10, ent_coef=0.0, norm_obs=True, norm_reward=True),
+}  # fmt: skip
+# --rnn on top (docs/ppo.md): classic, rl-baselines3-zoo's ppo_lstm.yml for CartPoleNoVel-v1 (its clip range not
+# annealed, a 64-unit LSTM); atari, CleanRL's ppo_atari_lstm.py (one frame per observation, a 128-unit LSTM)
 RNN_PRESETS = {
-    "classic": dict(
-        num_envs=8,
-        num_steps=32,
-        num_minibatches=1,
-        update_epochs=20,
-        learning_rate=1e-3,
-        gamma=0.98,
-        gae_lambda=0.8,
-        ent_coef=0.0,
-        norm_obs=True,
-        rnn_size=64,
-    ),
-    # the atari preset with one frame per observation, CleanRL's ppo_atari_lstm.py (a 128-unit LSTM after the Nature
-    # CNN, the --rnn-size default; every other setting is already the atari preset's): its published Breakout, Pong
-    # and BeamRider results are the reference of benchmark/ppo.sh memory-atari
+    "classic": dict(num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20, learning_rate=1e-3, gamma=0.98,
+                    gae_lambda=0.8, ent_coef=0.0, norm_obs=True, rnn_size=64),
     "atari": dict(frame_stack=1),
-}
+}  # fmt: skip
 
 
 def preset_defaults(argv: list[str]) -> Args:
-    """The defaults of the preset the command line asks for; auto picks it from the env's spaces. With --rnn, a
-    preset's recurrent settings (RNN_PRESETS) on top."""
+    """The defaults of the preset the command line asks for (auto: from the env's spaces), RNN_PRESETS on top with --rnn."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
     if preset == "auto":
         obs_space, action_space = env_spaces(env_id)
@@ -669,36 +597,17 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
     return backend
 
 
-def make_env(
-    env_id: str,
-    num_envs: int,
-    seed: int,
-    episodic_life: bool,
-    reward_clip: bool,
-    backend: str,
-    render: bool = False,
-    frame_stack: int = 4,
-):
-    """A vector env with next-step autoreset, from the backend pick_backend chooses; Atari observations stack the
-    latest `frame_stack` frames.
-
-    Returns (envs, is_atari). After a step that ends an episode, the next step ignores its action and returns
-    reward 0 and the first observation of the next episode; the training loop masks that step out.
-    """
+def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, render=False, frame_stack=4):
+    """(envs, is_atari): a vector env that autoresets on the next step (a done step's successor ignores its action and
+    returns reward 0 and the first observation; the loop masks it out); Atari stacks the latest `frame_stack` frames."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
         is_atari = atari_id(env_id)
         atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip, stack_num=frame_stack) if is_atari else {}
         envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
         return envs, is_atari
-    # gymnasium 1.x vector envs autoreset on the next step too, like envpool (AutoresetMode.NEXT_STEP)
-    envs = gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        vector_kwargs=dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP),
-        **render_kwargs,
-    )
+    next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)  # gymnasium 1.x, as envpool
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **render_kwargs)
     envs.reset(seed=seed)
     return envs, False
 
@@ -747,10 +656,7 @@ def bf16_note(device: torch.device) -> str:
 
 # Evaluation, resume, final model, storage and argument checks of this algorithm
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
-    """Play one full episode (raw score, no life loss, no reward clipping) on each of args.eval_episodes envs.
-
-    Normalisation statistics are frozen. Returns the episodes' returns. Video: env 0's episode, when it renders.
-    """
+    """One full episode per eval env (raw score, no life loss or clipping, statistics frozen): the returns; video: env 0's."""
     seed, render = args.seed + 100_000, video is not None
     envs, _ = make_env(args.env_id, args.eval_episodes, seed, False, False, args.env_backend, render, args.frame_stack)
     obs, _ = envs.reset()
@@ -808,8 +714,7 @@ def save_reload_and_evaluate(agent, obs_rms, obs_space, action_space, args: Args
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The run's big store, for check_storage: the rollout on the training device (observations as they come, uint8
-    frames as uint8; actions; six float32 (T, N) tensors, and the update's advantages and returns)."""
+    """The rollout, for check_storage: observations as they come (uint8 frames as uint8), actions, eight float32 rows."""
     T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
     obs_bytes = int(np.prod(obs_space.shape)) * (1 if obs_space.dtype == np.uint8 else 4)
     action_bytes = 4 * int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 8
@@ -828,74 +733,54 @@ def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
+    """The env's spaces and the flags that only make sense together (what RANGES cannot tell); sets the sizes."""
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         fail(f"ppo.py handles Discrete and Box action spaces; {args.env_id} has {action_space}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"ppo.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    evaluates = args.eval_every > 0 or args.save_model
-    uint8_obs = (
-        f"is for vector observations, and {args.env_id} has uint8 frames"
-        if len(obs_space.shape) == 3
-        else f"is for float observations, and {args.env_id} has uint8 ones, which the network scales by 1/255 instead"
-    )
+    frames = len(obs_space.shape) == 3
+    vectors, kind = ("vector", "frames") if frames else ("float", "ones")
+    uint8_obs = f"is for {vectors} observations, and {args.env_id} has uint8 {kind}"
     refuse_meaningless(args, [
         (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
         (("episodic_life", "reward_clip", "frame_stack"), not atari_id(args.env_id),
          f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
-        (("eval_episodes", "eval_deterministic", "capture_video"), not evaluates,
+        (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
-         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
-        (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
+        (("bf16",), not frames, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
         fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.rnn != "none" and args.compile:
-        fail(
-            f"--rnn {args.rnn} runs eagerly: the update replays sequences in spans that change length with every rollout, "
-            "and each new length would compile again; leave out --compile and --cudagraphs"
-        )
+    if args.rnn != "none" and args.compile:  # the update's spans change length every rollout: a compile each
+        fail(f"--rnn {args.rnn} runs eagerly (its spans change length every rollout); leave out --compile and --cudagraphs")
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.num_envs % args.world_size:
-        fail(
-            f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes, each of which steps its "
-            f"share of the envs; pass a multiple of {args.world_size}, or start another number of processes"
-        )
-    if args.world_size > 1 and args.compile:
-        fail(
-            "--compile runs in one process: with several, gradients are averaged over the processes between the "
-            "update's backward pass and its step, outside the compiled update; leave out --compile and --cudagraphs"
-        )
+        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of "
+             f"{args.world_size}, or start another number of processes")  # fmt: skip
+    if args.world_size > 1 and args.compile:  # gradients are averaged between backward and step, outside the compiled update
+        fail("--compile runs in one process; leave out --compile and --cudagraphs, or start one process")
     envs_each = args.num_envs // args.world_size
     each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
     if args.rnn != "none" and envs_each % args.num_minibatches:
-        fail(
-            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn a "
-            "minibatch is the whole sequences of a group of envs; pass a --num-minibatches that divides --num-envs"
-        )
+        fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn a "
+             "minibatch is the sequences of whole envs; pass a --num-minibatches that divides --num-envs")  # fmt: skip
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if envs_each * args.num_steps % args.num_minibatches:
-        fail(
-            f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
-            f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps"
-        )
+        fail(f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
+             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps")  # fmt: skip
     # the flag out of proportion: the env count where it is further above its default than the budget is below its own
     many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
     if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(
-            f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}: one rollout of "
-            f"{args.num_envs} envs x {args.num_steps} steps is more than the whole run; pass --num-envs at most "
-            f"{args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}"
-        )
+        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}; pass --num-envs "
+             f"at most {args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
