@@ -326,12 +326,8 @@ def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd
 
 
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
+    """Running return and length per env, and the finished episodes' ones. `valid`: False on an autoreset's
+    step (not counted); `episode_end`: the logged episode's end (Atari with episodic life: the game's)."""
     ep_return = ep_return + raw_reward
     ep_length = ep_length + valid
     finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]

@@ -103,7 +103,6 @@ class Args:
     progress_interval: float = 5.0
     """seconds between progress lines"""
     batch_size: tyro.conf.Suppress[int] = 0  # computed by check_args, not a flag: num_envs * num_steps
-    minibatch_size: tyro.conf.Suppress[int] = 0  # batch_size // num_minibatches (each process its share)
     num_iterations: tyro.conf.Suppress[int] = 0  # total_timesteps // batch_size
     world_size: tyro.conf.Suppress[int] = 1  # torchrun's WORLD_SIZE: processes, each num_envs / world_size
 
@@ -158,7 +157,6 @@ class Agent(nn.Module):
             return self.encoder(network_input(x, self.dtype)).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory's state before an episode's first observation (zeros); None without memory."""
         return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
@@ -283,13 +281,6 @@ def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, annea
     return learning_rate * (1.0 - (iteration - 1.0) / num_iterations) if anneal else learning_rate
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    resid = returns - values
-    var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
-    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, torch.nan))
-
-
 def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     """Merge a batch's moments into running ones (Chan et al. 1979, parallel variance)."""
     delta = batch_mean - mean
@@ -343,12 +334,8 @@ def to_obs_tensor(obs: np.ndarray, device: torch.device, obs_rms: RunningMeanStd
 
 
 def update_episode_stats(ep_return, ep_length, raw_reward, valid, episode_end):
-    """Running return and length per env; returns the new running values and the finished episodes' ones.
-
-    `valid` is False on the reset step of the next-step autoreset (not a real transition, not counted).
-    `episode_end` is the end of the logged episode: for Atari with episodic life, game over or truncation,
-    not a lost life, so the logged return is the full game's raw score.
-    """
+    """Running return and length per env, and the finished episodes' ones. `valid`: False on an autoreset's
+    step (not counted); `episode_end`: the logged episode's end (Atari with episodic life: the game's)."""
     ep_return = ep_return + raw_reward
     ep_length = ep_length + valid
     finished_returns, finished_lengths = ep_return[episode_end], ep_length[episode_end]
@@ -753,7 +740,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs}{each}: with --rnn a "
              "minibatch is the sequences of whole envs; pass a --num-minibatches that divides --num-envs")  # fmt: skip
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     if envs_each * args.num_steps % args.num_minibatches:
         fail(f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
@@ -953,6 +939,13 @@ def write_checkpoint(args: Args, run: "Run", nets: tuple, global_step: int, iter
             return_rms=return_rms.state_dict() if return_rms else None,
             global_step=global_step, iteration=iteration, rng=rngs,
         )  # fmt: skip
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    resid = returns - values
+    var_resid = masked_mean((resid - masked_mean(resid, mask)) ** 2, mask)
+    return torch.where(var_returns > 0, 1 - var_resid / var_returns, torch.full_like(var_returns, torch.nan))
 
 
 def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rollout: dict, lr, global_step, iteration):

@@ -24,7 +24,6 @@ DIFFERENT = {
     "start_run": "each algorithm's set-up: its checks, spaces, processes and restored state",
     "end_run": "each algorithm's end: its final model, saved, reloaded and evaluated",
     "end_iteration": "each algorithm's logging, evaluation, checkpoint and stop at the end of its loop's iteration",
-    "RunFlags": "each file's run flags (evaluation, checkpoints, video, progress) and the sizes its check_args computes",
     "restore_run": "what each algorithm's checkpoint puts back (networks, optimisers, statistics, buffers, phases)",
     "Agent": "a shared-trunk or two-MLP actor-critic (ppo.py, a2c.py) against PPG's policy and value IMPALA networks",
     "env_spaces": "ppg_procgen.py takes only envpool's Procgen ids, whose spaces its spec has",

@@ -27,14 +27,14 @@ BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_
 
 # Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
 CEILING = {
-    "ppo": dict(total=1652, machinery=661, shared=513),
-    "a2c": dict(total=1549, machinery=591, shared=513),
-    "ppg_procgen": dict(total=1646, machinery=554, shared=513),
-    "rnd_ppo": dict(total=1738, machinery=585, shared=513),
-    "dqn": dict(total=1251, machinery=379, shared=513),
-    "ddpg_td3": dict(total=1203, machinery=298, shared=513),
-    "es": dict(total=1232, machinery=364, shared=513),
-    "qlearning": dict(total=1165, machinery=404, shared=513),
+    "ppo": dict(total=1486, machinery=522, shared=486),
+    "a2c": dict(total=1486, machinery=521, shared=513),
+    "ppg_procgen": dict(total=1594, machinery=502, shared=513),
+    "rnd_ppo": dict(total=1654, machinery=487, shared=513),
+    "dqn": dict(total=1181, machinery=309, shared=513),
+    "ddpg_td3": dict(total=1153, machinery=248, shared=513),
+    "es": dict(total=1201, machinery=333, shared=513),
+    "qlearning": dict(total=1061, machinery=304, shared=513),
 }
 
 
