@@ -392,9 +392,6 @@ def main(args: Args) -> None:
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery, then the shared run plumbing.
 import contextlib
-import difflib
-import subprocess
-import tempfile
 import types
 
 CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
@@ -419,7 +416,7 @@ def preset_defaults(argv: list[str]) -> Args:
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
     if envpool_has(env_id):
         try:
             spec = envpool.make_spec(env_id)
@@ -431,10 +428,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     except ModuleNotFoundError:
         fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
-        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
     except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
         fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
@@ -453,15 +447,13 @@ def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
     return envs
 
 
-def can_render(env_id: str) -> bool:
-    """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (
-        f"import sys; sys.path.insert(0, {here!r}); import ddpg_td3; "
-        f"envs = ddpg_td3.make_env({env_id!r}, 1, 0, render=True); envs.reset(); envs.render()"
-    )
-    with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
+def can_render(env_id: str, backend: str = "auto") -> bool:
+    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
+    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    if backend == "gymnasium" or not envpool_has(env_id):
+        return importlib.util.find_spec("pygame") is not None
+    mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
+    return not mujoco or bool(os.environ.get("DISPLAY")) or os.environ.get("MUJOCO_GL") in ("egl", "osmesa")
 
 
 @contextlib.contextmanager
@@ -473,18 +465,16 @@ def timed(seconds: dict, part: str):
 
 
 def bf16_note(device: torch.device) -> str:
-    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
-    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
-    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
+    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
         try:
             with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            return ""
-        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
+            native = True
     what = "GPU" if device.type == "cuda" else "CPU"
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 

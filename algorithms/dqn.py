@@ -361,11 +361,8 @@ def main(args: Args) -> None:
 
 
 # --- This file's machinery: presets, envs, evaluation, checks, the set-up, checkpoints, logs and the end of a run ---
-import difflib
 import os
-import subprocess
 import sys
-import tempfile
 import types
 
 CHECKPOINT_FORMAT = 1  # raise it when a checkpoint's fields change: --resume then refuses a file of the old layout in one line
@@ -391,7 +388,7 @@ def preset_defaults(argv: list[str]) -> Args:
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
     if envpool_has(env_id):
         try:
             spec = envpool.make_spec(env_id)
@@ -403,10 +400,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     except ModuleNotFoundError:
         fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
-        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
     except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
         fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
@@ -414,30 +408,22 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-# What one classic-control env's step costs in gymnasium's Python (microseconds, 2-core x86 CPU, inside a training
-# loop): up to about 60 us of them together, gymnasium in the process beats envpool, whose hand-off to its worker
-# threads costs 65-95 us inside a loop however few envs it steps (docs/speed.md)
-PYTHON_STEP_US = {
-    "CartPole-v0": 6,
-    "CartPole-v1": 6,
-    "MountainCar-v0": 9,
-    "MountainCarContinuous-v0": 3,
-    "Pendulum-v1": 10,
-    "Acrobot-v1": 27,
-}
+# With --env-backend auto, gymnasium steps a classic-control id in the process up to this many envs, where its Python
+# steps cost less than envpool's hand-off to its worker threads (65-95 us a step inside a loop, docs/speed.md)
+GYMNASIUM_UP_TO = {"CartPole-v0": 10, "CartPole-v1": 10, "MountainCarContinuous-v0": 20, "MountainCar-v0": 6,
+                   "Pendulum-v1": 6, "Acrobot-v1": 2}  # fmt: skip
 
 
 def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
-    """The backend that steps env_id (see Args.env_backend); a clear error where the chosen one lacks the id.
-    auto renders with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
+    """The backend that steps env_id (see Args.env_backend); one line where the chosen one lacks the id. auto renders
+    with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
     in_envpool = envpool_has(env_id)
-    spec = gym.registry.get(env_id)
-    cheap = num_envs * PYTHON_STEP_US.get(env_id, float("inf")) <= 60
     if backend == "auto":
-        return "gymnasium" if not in_envpool or (cheap and not render) else "envpool"
+        few = num_envs <= GYMNASIUM_UP_TO.get(env_id, 0) and not render
+        return "gymnasium" if few or not in_envpool else "envpool"
     if backend == "envpool" and not in_envpool:
         fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
-    if backend == "gymnasium" and spec is None and ":" not in env_id:
+    if backend == "gymnasium" and env_id not in gym.registry and ":" not in env_id:
         fail(f"gymnasium has no env '{env_id}' registered; pass --env-backend envpool (or auto)")
     return backend
 
@@ -461,15 +447,13 @@ def atari_run(env_id: str, num_envs: int, backend: str) -> bool:
     return pick_backend(env_id, num_envs, backend) == "envpool" and hasattr(envpool.make_spec(env_id).config, "episodic_life")
 
 
-def can_render(env_id: str, backend: str) -> bool:
-    """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (
-        f"import sys; sys.path.insert(0, {here!r}); import dqn; "
-        f"envs, _ = dqn.make_env({env_id!r}, 1, 0, False, False, {backend!r}, render=True); envs.reset(); envs.render()"
-    )
-    with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
+def can_render(env_id: str, backend: str = "auto") -> bool:
+    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
+    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    if backend == "gymnasium" or not envpool_has(env_id):
+        return importlib.util.find_spec("pygame") is not None
+    mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
+    return not mujoco or bool(os.environ.get("DISPLAY")) or os.environ.get("MUJOCO_GL") in ("egl", "osmesa")
 
 
 def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:
@@ -550,18 +534,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 
 def bf16_note(device: torch.device) -> str:
-    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
-    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
-    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
+    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
         try:
             with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            return ""
-        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
+            native = True
     what = "GPU" if device.type == "cuda" else "CPU"
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 

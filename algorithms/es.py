@@ -354,9 +354,6 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-import difflib
-import subprocess
-import tempfile
 import traceback
 import types
 
@@ -385,7 +382,7 @@ def preset_defaults(argv: list[str]) -> Args:
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
     if envpool_has(env_id):
         try:
             spec = envpool.make_spec(env_id)
@@ -397,10 +394,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     except ModuleNotFoundError:
         fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
-        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
     except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
         fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
@@ -420,21 +414,18 @@ def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
     return envs
 
 
-def can_render(env_id: str) -> bool:
-    """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (
-        f"import sys; sys.path.insert(0, {here!r}); import es; "
-        f"envs = es.make_env({env_id!r}, 1, 0, render=True); envs.reset(); envs.render()"
-    )
-    with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
+def can_render(env_id: str, backend: str = "auto") -> bool:
+    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
+    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    if backend == "gymnasium" or not envpool_has(env_id):
+        return importlib.util.find_spec("pygame") is not None
+    mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
+    return not mujoco or bool(os.environ.get("DISPLAY")) or os.environ.get("MUJOCO_GL") in ("egl", "osmesa")
 
 
 # --- several processes (torchrun): what one process alone does not need ---
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
-    process: its own rows, as they are."""
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
     if world_size == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -443,24 +434,19 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
-    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
-    one GPU). Returns (device, backend, a line to say or None)."""
+    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
+    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
     if device.type != "cuda":
         return device, "gloo", None
     if local_world_size <= gpus:
         return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = (
-        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
-        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-    )
-    return torch.device("cpu"), "gloo", note
+    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
+    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
 
 
 def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
-    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
-    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
-    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
+    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
@@ -473,27 +459,22 @@ def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
 
 
 def lost_process_line(rank: int):
-    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
-    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
-    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
+    report names the process that failed first); any other error keeps its traceback."""
 
     def hook(kind, error, tb):
         if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
             return sys.__excepthook__(kind, error, tb)
-        print(
-            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
-            "collective); torchrun's report names the process that failed first",
-            file=sys.stderr,
-            flush=True,
-        )
+        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
+        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     return hook
 
 
 def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, the end of a process whose work is written: its output flushed, then os._exit, past the
-    interpreter's teardown, in which a process was seen to abort (std::terminate, about one run in 50 on the CPU with
-    gloo) after its work was done, failing the whole launch. One process: nothing (it ends as usual)."""
+    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
+    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
     if world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -501,30 +482,28 @@ def leave(world_size: int, code: int = 0) -> None:
 
 
 def end_processes(world_size: int) -> None:
-    """Leave the process group together: a barrier first, so that no process tears its connections down while another
-    is still in its last exchange (one that did so was seen to abort at exit)."""
+    """The process group left together: a barrier first, since a process that tore its connections down while another
+    was in its last exchange was seen to abort at exit."""
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
-    the next exchange would hang. Returns whether to stop now, the same answer on every process: a signal that arrives
-    after the exchange waits for the next one (the list `stop` may have grown by then, on one process only)."""
+    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
+    would hang (a signal that arrives after this exchange waits for the next one)."""
     if world_size == 1:
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    stopping = bool(flag.item())
-    if stopping and not stop:
+    if flag.item() and not stop:
         stop.append(signal.SIGTERM)
-    return stopping
+    return bool(flag.item())
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
-    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
-    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    """The plumbing's stop_and_exit for several processes: process 0 (the one with a writer) says the resume line, and
+    all wait in end_processes until it has written the checkpoint."""
     if writer is not None:
         close_writer(writer)
         print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)

@@ -219,8 +219,7 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
 
 
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
-    process: its own rows, as they are."""
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
     if world_size == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -340,17 +339,14 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: list, max_grad_norm
 
 
 def average_gradients(parameters, world_size: int) -> None:
-    """Every process's gradients replaced by the mean over the processes, in one all-reduce of one flat buffer. By hand,
-    as CleanRL's ppo_atari_multigpu.py does, rather than DDP: DDP hooks into the wrapped module's forward, and the
-    update reaches the network through get_action_and_value. The same mean on every process keeps the weights equal."""
+    """Gradients replaced by their mean over the processes, in one all-reduce of one flat buffer; by hand, as CleanRL's
+    ppo_atari_multigpu.py does, since DDP hooks the wrapped module's forward, which the update reaches around."""
     grads = [p.grad for p in parameters if p.grad is not None]
     flat = torch.cat([g.flatten() for g in grads])
     dist.all_reduce(flat)
     flat /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for g, mean in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        g.copy_(mean.view_as(g))
 
 
 def annealed_lr(learning_rate: float, iteration: int, num_iterations: int, anneal: bool) -> float:
@@ -638,18 +634,16 @@ def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_l
 
 
 def bf16_note(device: torch.device) -> str:
-    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
-    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
-    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
+    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
         try:
             with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            return ""
-        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
+            native = True
     what = "GPU" if device.type == "cuda" else "CPU"
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
@@ -954,24 +948,19 @@ def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, ph
 
 
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
-    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
-    one GPU). Returns (device, backend, a line to say or None)."""
+    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
+    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
     if device.type != "cuda":
         return device, "gloo", None
     if local_world_size <= gpus:
         return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = (
-        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
-        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-    )
-    return torch.device("cpu"), "gloo", note
+    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
+    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
 
 
 def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
-    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
-    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
-    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
+    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
@@ -984,25 +973,21 @@ def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
 
 
 def lost_process_line(rank: int):
-    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
-    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
-    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
+    report names the process that failed first); any other error keeps its traceback."""
 
     def hook(kind, error, tb):
         if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
             return sys.__excepthook__(kind, error, tb)
-        print(
-            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
-            "collective); torchrun's report names the process that failed first",
-            file=sys.stderr,
-            flush=True,
-        )
+        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
+        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     return hook
 
 
 def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
+    """The mean of x over the processes, for a decision every process must take alike."""
     if world_size == 1:
         return x
     x = x.clone()
@@ -1012,23 +997,19 @@ def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
 
 def gather_objects(local, world_size: int) -> list:
     """Every process's `local` (any picklable value), in process order."""
-    if world_size == 1:
-        return [local]
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, local)
+    everyone = [local] * world_size
+    if world_size > 1:
+        dist.all_gather_object(everyone, local)
     return everyone
 
 
 def gather_episodes(finished: list, world_size: int) -> list:
-    """The (step, returns, lengths) of the episodes every process finished in an iteration, in step order and within a
-    step in process order: one exchange per iteration, not one per step."""
-    if world_size == 1:
-        return finished
+    """Every process's (step, returns, lengths) of an iteration's episodes, in step order, then process order."""
     return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
 
 
 def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
-    """This process's RNG states in a checkpoint, which holds those of every process of the run that wrote it."""
+    """This process's RNG states in a checkpoint, which holds every process's; refused for another number of them."""
     written = len(ckpt["rng"])
     if written != world_size:
         launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
@@ -1037,9 +1018,8 @@ def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
 
 
 def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, the end of a process whose work is written: its output flushed, then os._exit, past the
-    interpreter's teardown, in which a process was seen to abort (std::terminate, about one run in 50 on the CPU with
-    gloo) after its work was done, failing the whole launch. One process: nothing (it ends as usual)."""
+    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
+    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
     if world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -1047,30 +1027,28 @@ def leave(world_size: int, code: int = 0) -> None:
 
 
 def end_processes(world_size: int) -> None:
-    """Leave the process group together: a barrier first, so that no process tears its connections down while another
-    is still in its last exchange (one that did so was seen to abort at exit)."""
+    """The process group left together: a barrier first, since a process that tore its connections down while another
+    was in its last exchange was seen to abort at exit."""
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
-    the next exchange would hang. Returns whether to stop now, the same answer on every process: a signal that arrives
-    after the exchange waits for the next one (the list `stop` may have grown by then, on one process only)."""
+    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
+    would hang (a signal that arrives after this exchange waits for the next one)."""
     if world_size == 1:
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    stopping = bool(flag.item())
-    if stopping and not stop:
+    if flag.item() and not stop:
         stop.append(signal.SIGTERM)
-    return stopping
+    return bool(flag.item())
 
 
 def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
-    """The plumbing's stop_and_exit for one process or several: process 0 (the one with a writer) names the launcher
-    in its resume line, and every process waits there until process 0 has written the checkpoint."""
+    """The plumbing's stop_and_exit for several processes: process 0 (the one with a writer) says the resume line, and
+    all wait in end_processes until it has written the checkpoint."""
     if writer is not None:
         close_writer(writer)
         print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)

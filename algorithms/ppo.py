@@ -480,12 +480,9 @@ def main(args: Args) -> None:
 # ===============================================================================================================
 # This file's machinery: presets, envs, evaluation, checks, torchrun helpers, and what main calls by name
 # ===============================================================================================================
-import difflib
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import traceback
 
 import torch.distributed as dist
@@ -532,7 +529,7 @@ def preset_defaults(argv: list[str]) -> Args:
 
 # Envs
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
     if envpool_has(env_id):
         try:
             spec = envpool.make_spec(env_id)
@@ -544,10 +541,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     except ModuleNotFoundError:
         fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
-        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
     except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
         fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space
@@ -555,30 +549,22 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     return spaces
 
 
-# What one classic-control env's step costs in gymnasium's Python (microseconds, 2-core x86 CPU, inside a training
-# loop): up to about 60 us of them together, gymnasium in the process beats envpool, whose hand-off to its worker
-# threads costs 65-95 us inside a loop however few envs it steps (docs/speed.md)
-PYTHON_STEP_US = {
-    "CartPole-v0": 6,
-    "CartPole-v1": 6,
-    "MountainCar-v0": 9,
-    "MountainCarContinuous-v0": 3,
-    "Pendulum-v1": 10,
-    "Acrobot-v1": 27,
-}
+# With --env-backend auto, gymnasium steps a classic-control id in the process up to this many envs, where its Python
+# steps cost less than envpool's hand-off to its worker threads (65-95 us a step inside a loop, docs/speed.md)
+GYMNASIUM_UP_TO = {"CartPole-v0": 10, "CartPole-v1": 10, "MountainCarContinuous-v0": 20, "MountainCar-v0": 6,
+                   "Pendulum-v1": 6, "Acrobot-v1": 2}  # fmt: skip
 
 
 def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
-    """The backend that steps env_id (see Args.env_backend); a clear error where the chosen one lacks the id.
-    auto renders with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
+    """The backend that steps env_id (see Args.env_backend); one line where the chosen one lacks the id. auto renders
+    with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
     in_envpool = envpool_has(env_id)
-    spec = gym.registry.get(env_id)
-    cheap = num_envs * PYTHON_STEP_US.get(env_id, float("inf")) <= 60
     if backend == "auto":
-        return "gymnasium" if not in_envpool or (cheap and not render) else "envpool"
+        few = num_envs <= GYMNASIUM_UP_TO.get(env_id, 0) and not render
+        return "gymnasium" if few or not in_envpool else "envpool"
     if backend == "envpool" and not in_envpool:
         fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
-    if backend == "gymnasium" and spec is None and ":" not in env_id:
+    if backend == "gymnasium" and env_id not in gym.registry and ":" not in env_id:
         fail(f"gymnasium has no env '{env_id}' registered; pass --env-backend envpool (or auto)")
     return backend
 
@@ -600,8 +586,7 @@ def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, render
 
 def atari_id(env_id: str) -> bool:
     """An envpool Atari id (its config has the life-loss option), whose observations stack frames."""
-    known = envpool_has(env_id)
-    return known and hasattr(envpool.make_spec(env_id).config, "episodic_life")
+    return envpool_has(env_id) and hasattr(envpool.make_spec(env_id).config, "episodic_life")
 
 
 def stacked_spaces(env_id: str, frame_stack: int) -> tuple[gym.Space, gym.Space]:
@@ -612,30 +597,26 @@ def stacked_spaces(env_id: str, frame_stack: int) -> tuple[gym.Space, gym.Space]
     return obs_space, action_space
 
 
-def can_render(env_id: str, backend: str) -> bool:
-    """envpool's MuJoCo renderer needs OpenGL and, where it has none, ends the whole process: try it in a child."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (
-        f"import sys; sys.path.insert(0, {here!r}); import ppo; "
-        f"envs, _ = ppo.make_env({env_id!r}, 1, 0, False, False, {backend!r}, render=True); envs.reset(); envs.render()"
-    )
-    with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
+def can_render(env_id: str, backend: str = "auto") -> bool:
+    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
+    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    if backend == "gymnasium" or not envpool_has(env_id):
+        return importlib.util.find_spec("pygame") is not None
+    mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
+    return not mujoco or bool(os.environ.get("DISPLAY")) or os.environ.get("MUJOCO_GL") in ("egl", "osmesa")
 
 
 def bf16_note(device: torch.device) -> str:
-    """--bf16's word on the start line where bfloat16 is likely slower than float32: a CPU whose flags (Linux's
-    /proc/cpuinfo) name no bfloat16 instructions (x86's AVX512-BF16 or AMX, Arm's BF16: oneDNN emulates them then),
-    or a GPU before compute capability 8 (Ampere). Elsewhere, or where it cannot tell, nothing."""
+    """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
+    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
         try:
             with open("/proc/cpuinfo") as f:
-                flags = f.read()
-        except OSError:
-            return ""
-        native = any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
+                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
+            native = True
     what = "GPU" if device.type == "cuda" else "CPU"
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
@@ -761,24 +742,19 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 # Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """The device and collective backend of one process: under torchrun, a GPU per process with NCCL when the node has
-    enough of them; with fewer GPUs than processes, every process on the CPU with gloo (NCCL refuses two processes on
-    one GPU). Returns (device, backend, a line to say or None)."""
+    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
+    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
     if device.type != "cuda":
         return device, "gloo", None
     if local_world_size <= gpus:
         return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = (
-        f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo "
-        f"(torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-    )
-    return torch.device("cpu"), "gloo", note
+    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
+    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
 
 
 def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
-    """Seeds and device (seed_and_device), then under torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK and
-    LOCAL_WORLD_SIZE, this process's device and the process group joined. Every process starts from the same seed, so
-    all build the same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
+    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
@@ -791,25 +767,21 @@ def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
 
 
 def lost_process_line(rank: int):
-    """An exception hook for a process under torchrun: when a collective fails because another process is gone (killed,
-    or ended by an error of its own), this one ends with one line instead of a traceback, and torchrun, which has
-    stopped the others, reports which process failed first. Any other error keeps its traceback."""
+    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
+    report names the process that failed first); any other error keeps its traceback."""
 
     def hook(kind, error, tb):
         if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
             return sys.__excepthook__(kind, error, tb)
-        print(
-            f"{SCRIPT}: error: process {rank} stops: another process of this run is gone ({kind.__name__} in a "
-            "collective); torchrun's report names the process that failed first",
-            file=sys.stderr,
-            flush=True,
-        )
+        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
+        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     return hook
 
 
 def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
-    """The mean of x over the processes (one process: x itself), for a decision every process must take alike."""
+    """The mean of x over the processes, for a decision every process must take alike."""
     if world_size == 1:
         return x
     x = x.clone()
@@ -818,8 +790,7 @@ def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population); one
-    process: its own rows, as they are."""
+    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
     if world_size == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -829,23 +800,19 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
 
 def gather_objects(local, world_size: int) -> list:
     """Every process's `local` (any picklable value), in process order."""
-    if world_size == 1:
-        return [local]
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, local)
+    everyone = [local] * world_size
+    if world_size > 1:
+        dist.all_gather_object(everyone, local)
     return everyone
 
 
 def gather_episodes(finished: list, world_size: int) -> list:
-    """The (step, returns, lengths) of the episodes every process finished in an iteration, in step order and within a
-    step in process order: one exchange per iteration, not one per step."""
-    if world_size == 1:
-        return finished
+    """Every process's (step, returns, lengths) of an iteration's episodes, in step order, then process order."""
     return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
 
 
 def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
-    """This process's RNG states in a checkpoint, which holds those of every process of the run that wrote it."""
+    """This process's RNG states in a checkpoint, which holds every process's; refused for another number of them."""
     written = len(ckpt["rng"])
     if written != world_size:
         launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
@@ -854,9 +821,8 @@ def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
 
 
 def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, the end of a process whose work is written: its output flushed, then os._exit, past the
-    interpreter's teardown, in which a process was seen to abort (std::terminate, about one run in 50 on the CPU with
-    gloo) after its work was done, failing the whole launch. One process: nothing (it ends as usual)."""
+    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
+    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
     if world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -864,25 +830,23 @@ def leave(world_size: int, code: int = 0) -> None:
 
 
 def end_processes(world_size: int) -> None:
-    """Leave the process group together: a barrier first, so that no process tears its connections down while another
-    is still in its last exchange (one that did so was seen to abort at exit)."""
+    """The process group left together: a barrier first, since a process that tore its connections down while another
+    was in its last exchange was seen to abort at exit."""
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """A stop asked of one process is asked of all: every process stops after the same iteration (or generation), or
-    the next exchange would hang. Returns whether to stop now, the same answer on every process: a signal that arrives
-    after the exchange waits for the next one (the list `stop` may have grown by then, on one process only)."""
+    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
+    would hang (a signal that arrives after this exchange waits for the next one)."""
     if world_size == 1:
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    stopping = bool(flag.item())
-    if stopping and not stop:
+    if flag.item() and not stop:
         stop.append(signal.SIGTERM)
-    return stopping
+    return bool(flag.item())
 
 
 def stop_processes_and_exit(run: "Run", where: str):

@@ -243,7 +243,6 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, optimum, checks), then the shared plumbing.
-import difflib
 import time
 import types
 
@@ -282,7 +281,7 @@ def preset_defaults(argv: list[str]) -> Args:
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one env, without starting a pool; a clear error for an unknown id."""
+    """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
     if envpool_has(env_id):
         try:
             spec = envpool.make_spec(env_id)
@@ -294,10 +293,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     except ModuleNotFoundError:
         fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
     except gym.error.Error as e:
-        known = list(dict.fromkeys(envpool.list_all_envs() + list(gym.registry.keys())))
-        close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(close)}?" if close else "see envpool.list_all_envs() for the ids envpool has"
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); {hint}")
+        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
     except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
         fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
     spaces = env.observation_space, env.action_space

@@ -154,7 +154,7 @@ def test_reset_step_never_enters_the_buffer_and_truncation_keeps_the_final_obser
 
 
 def test_auto_backend_is_gymnasium_for_classic_control_envs_cheap_enough_in_python_and_envpool_otherwise():
-    """Up to 60 us of PYTHON_STEP_US together: 8 CartPoles, 2 Acrobots; ids without a cost, envpool."""
+    """Up to GYMNASIUM_UP_TO's count of each classic-control id: 8 CartPoles, 2 Acrobots; other ids envpool has, envpool."""
     pick = dqn.pick_backend
     assert pick("CartPole-v1", 1, "auto") == pick("MountainCar-v0", 1, "auto") == pick("Acrobot-v1", 2, "auto") == "gymnasium"
     assert pick("CartPole-v1", 8, "auto") == pick("Pendulum-v1", 6, "auto") == "gymnasium"

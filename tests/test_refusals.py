@@ -232,8 +232,8 @@ def test_a_flag_the_run_makes_meaningless_is_refused_even_with_its_default_value
 
 @pytest.mark.parametrize("name", ["ppo", "ddpg_td3"])
 def test_a_mujoco_env_that_cannot_render_is_refused_and_leaves_no_mujoco_log(name, tmp_path):
-    """--capture-video on MuJoCo where OpenGL is missing: refused in one line, and MuJoCo's MUJOCO_LOG.TXT, written by the
-    render check's child process, is not left in the user's folder. Where the machine renders, there is nothing to see."""
+    """--capture-video on MuJoCo where OpenGL is missing (no DISPLAY, MUJOCO_GL neither egl nor osmesa): refused in one
+    line, nothing written (no run directory, no MuJoCo MUJOCO_LOG.TXT). Where the machine renders, there is nothing to see."""
     flags = ["--env-id", "Hopper-v4", "--capture-video", "--save-model", "--total-timesteps", "2048", CPU]
     flags += ["--learning-starts", "1024"] if name == "ddpg_td3" else []
     proc = run_algorithm(name, *flags, cwd=tmp_path, check=False, timeout=300)

@@ -31,7 +31,6 @@ DIFFERENT = {
     "storage": "each algorithm's buffers, reckoned for the shared check_storage",
     "evaluate": "each algorithm's policy",
     "make_env": "each algorithm's env options (Atari wrappers, backend, episode cap)",
-    "can_render": "imports its own module and calls its own make_env",
     "ReplayBuffer": "dqn.py stores each Atari frame once per env and restacks; ddpg_td3.py keeps flat vectors on the device",
     "select_actions": "epsilon-greedy (dqn.py) against Gaussian exploration noise (ddpg_td3.py)",
     "training_steps": "each algorithm's acting step and update, the functions --compile hands to torch.compile",

@@ -27,14 +27,14 @@ BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_
 
 # Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
 CEILING = {
-    "ppo": dict(total=1486, machinery=522, shared=486),
-    "a2c": dict(total=1486, machinery=521, shared=513),
-    "ppg_procgen": dict(total=1594, machinery=502, shared=513),
-    "rnd_ppo": dict(total=1654, machinery=487, shared=513),
-    "dqn": dict(total=1181, machinery=309, shared=513),
-    "ddpg_td3": dict(total=1153, machinery=248, shared=513),
-    "es": dict(total=1201, machinery=333, shared=513),
-    "qlearning": dict(total=1061, machinery=304, shared=513),
+    "ppo": dict(total=1450, machinery=486, shared=486),
+    "a2c": dict(total=1447, machinery=482, shared=513),
+    "ppg_procgen": dict(total=1572, machinery=484, shared=513),
+    "rnd_ppo": dict(total=1628, machinery=461, shared=513),
+    "dqn": dict(total=1163, machinery=291, shared=513),
+    "ddpg_td3": dict(total=1143, machinery=238, shared=513),
+    "es": dict(total=1180, machinery=312, shared=513),
+    "qlearning": dict(total=1057, machinery=300, shared=513),
 }
 
 
