@@ -399,35 +399,34 @@ def end_iteration(args: Args, run: "Run", q: torch.Tensor, envs, global_step: in
         run.stop_and_exit(f"step {global_step:,}")
 
 
-def grid_map(env_id: str) -> tuple[list[str], str] | None:
-    """(map rows, arrow per action) for the grid worlds; None for other envs."""
+def show_policy(args: Args, run: "Run", q: np.ndarray, global_step: int) -> None:
+    """On the grid worlds, the greedy policy as a text grid, and drawn to runs/<run>/policy.png: its arrows over the map,
+    on state values max_a Q(s, a) as colours, with its exact return in the title on toy text."""
     lake, cliff = "←↓→↑", (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")
     maps = {"FrozenLake-v1": (MAPS["4x4"], lake), "FrozenLake8x8-v1": (MAPS["8x8"], lake), "CliffWalking-v1": cliff}
-    return maps.get(GYMNASIUM_IDS.get(env_id, env_id))
-
-
-def policy_text(q: np.ndarray, rows: list[str], arrows: str) -> str:
-    """The greedy policy as a text grid: an arrow on each cell the agent can stand on, the map's letter elsewhere."""
-    a = q.argmax(1).reshape(len(rows), -1)
-    return "\n".join(" ".join(c if c in "HGC" else arrows[a[i, j]] for j, c in enumerate(row)) for i, row in enumerate(rows))
-
-
-def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, title: str) -> None:
-    """The greedy policy's arrows over the map, on state values max_a Q(s, a) as colours."""
+    if (found := maps.get(GYMNASIUM_IDS.get(args.env_id, args.env_id))) is None:
+        return
+    (rows, arrows), path = found, os.path.join(run.dir, "policy.png")
+    cells = np.array([list(row) for row in rows])
+    special = np.isin(cells, list("HGC"))  # holes, cliff, goal: their letters, on white; an arrow on every other cell
+    labels = np.where(special, cells, np.array(list(arrows))[q.argmax(1).reshape(cells.shape)])
+    print("greedy policy:\n" + "\n".join(" ".join(line) for line in labels))
+    title = f"{args.env_id}: greedy policy after {global_step:,} steps"
+    if run.tables is not None:
+        title += f"\nexact return {exact_return(run.tables, q.argmax(1), run.horizon):.4f} (optimum {run.optimum:.4f})"
     from matplotlib.figure import Figure  # drawn without pyplot, so no display or backend is needed
 
-    h, w = len(rows), len(rows[0])
-    special = np.array([[c in "HGC" for c in row] for row in rows])  # holes, cliff, goal: letters on white
+    h, w = cells.shape
     fig = Figure(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
     ax = fig.subplots()
     im = ax.imshow(np.ma.masked_array(q.max(1).reshape(h, w), special), cmap="viridis")
     fig.colorbar(im, ax=ax, label="V(s) = max_a Q(s, a), discounted", fraction=0.046 if w > h else 0.1)
-    for i, line in enumerate(policy_text(q, rows, arrows).splitlines()):
-        for j, label in enumerate(line.split()):
-            ax.text(j, i, label, ha="center", va="center", fontsize=14, color="black" if special[i, j] else "white")
+    for (i, j), label in np.ndenumerate(labels):
+        ax.text(j, i, label, ha="center", va="center", fontsize=14, color="black" if special[i, j] else "white")
     ax.set(xticks=[], yticks=[])
     ax.set_title(title, fontsize=9)
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    print(f"policy picture: {path}")
 
 
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
@@ -510,29 +509,15 @@ def start_run(args: Args) -> "Run":
 
 
 def end_run(args: Args, run: "Run", q: torch.Tensor, global_step: int) -> None:
-    """When the greedy policy came within the tolerance of the optimum; the greedy policy as text and picture (grid
-    worlds); with --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
+    """When the greedy policy came within the tolerance of the optimum; the greedy policy shown (grid worlds); with
+    --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
     if run.reached is not None:
         (step, seconds), tol = run.reached, args.optimum_tolerance
         print(f"greedy policy within {tol} of the optimum from step {step:,} on ({seconds:.1f} s of training)")
-    tables, horizon, optimum = run.tables, run.horizon, run.optimum
-    q_np = q.cpu().numpy()
-    if (gmap := grid_map(args.env_id)) is not None:
-        rows, arrows = gmap
-        print(f"greedy policy:\n{policy_text(q_np, rows, arrows)}")
-        title = f"{args.env_id}: greedy policy after {global_step:,} steps"
-        if tables is not None:
-            title += f"\nexact return {exact_return(tables, q_np.argmax(1), horizon):.4f} (optimum {optimum:.4f})"
-        save_policy_png(os.path.join(run.dir, "policy.png"), q_np, rows, arrows, title)
-        print(f"policy picture: {os.path.join(run.dir, 'policy.png')}")
+    show_policy(args, run, q.cpu().numpy(), global_step)
     if args.save_model:
         state = run.save_and_reload(q=q.cpu(), grid=dataclasses.asdict(run.grid))
-        eval_q = state["q"].to(run.device)
-        eval_returns = evaluate(eval_q, Grid(**state["grid"]), args)
-        if tables is not None:
-            exact = exact_return(tables, eval_q.argmax(1).cpu().numpy(), horizon)
-            print(f"exact return of the reloaded table's greedy policy: {exact:.4f} (optimum {optimum:.4f})")
-        run.log_eval(eval_returns, global_step, run.model_path)
+        run.log_eval(evaluate(state["q"].to(run.device), Grid(**state["grid"]), args), global_step, run.model_path)
     run.finish(global_step)
 
 
