@@ -367,9 +367,8 @@ def transition_tables(env_id: str):
 
 
 def log_table_progress(args: Args, run: "Run", q: torch.Tensor, scalars: dict, global_step: int, last: bool):
-    """Every --log-every steps: the scalars (a NaN or inf ends the run in one line), on toy text the greedy policy's
-    exact return and the step (and training seconds) from which it stays within --optimum-tolerance of the optimum
-    (run.reached), and the progress line."""
+    """The scalars (a NaN or inf ends the run); on toy text the greedy policy's exact return, and the step and training
+    seconds from which it stays within --optimum-tolerance of the optimum (run.reached); the progress line."""
     for tag, value in check_training(scalars, global_step).items():
         run.writer.add_scalar(tag, value, global_step)
     exact_text = ""
@@ -446,8 +445,7 @@ def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device, grid: Grid) -> dict:
     """For check_storage: the float64 table on the device; on toy text, transition_tables' arrays in host memory."""
     rows, num_actions = (grid.num_states if grid.bins else int(obs_space.n)), int(action_space.n)  # exact integers
-    size = f"{rows:,}" if rows < 10**12 else f"{float(rows):.2g}"
-    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = {size}" if grid.bins else size
+    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = {float(rows):.2g}" if grid.bins else f"{rows:,}"
     fix = "lower --bins, or use dqn.py" if grid.bins else "use dqn.py"
     stores = {f"the table ({size} rows x {num_actions} actions)": (rows * num_actions * 8, device, fix)}
     toy_text = "toy_text" in str(getattr(gym.registry.get(GYMNASIUM_IDS.get(args.env_id, args.env_id)), "entry_point", ""))
