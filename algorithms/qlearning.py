@@ -184,7 +184,7 @@ def main(args: Args) -> None:
     q = torch.zeros((run.num_states, run.num_actions), dtype=torch.float64, device=device)
     if run.ckpt:  # resume
         q.copy_(run.ckpt["q"])
-    global_step = run.global_step
+    global_step = run.start_step
 
     # envs are not restored by a resume, so its envs take a fresh seed
     envs = make_env(args.env_id, N, args.seed + global_step, args.max_episode_steps)
@@ -222,7 +222,7 @@ def main(args: Args) -> None:
 
         # --- episode statistics: the finished episodes' returns and lengths ---
         ep_return, ep_length, fin_returns, fin_lengths = update_episode_stats(ep_return, ep_length, reward, next_valid, done)
-        run.progress.log_episodes(run.writer, fin_returns, fin_lengths, global_step)
+        run.log_episodes(fin_returns, fin_lengths, global_step)
         next_valid = ~done
 
         # --- logging: every log_every env steps, with the greedy policy's exact return on toy text ---
@@ -244,7 +244,6 @@ def main(args: Args) -> None:
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, optimum, checks), then the shared plumbing.
 import time
-import types
 
 import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import MAPS
@@ -359,69 +358,66 @@ def transition_tables(env_id: str):
     return P, R, T, np.asarray(env.initial_state_distrib)
 
 
-def log_table_progress(args: Args, run: types.SimpleNamespace, q: torch.Tensor, scalars: dict, global_step: int, last: bool):
-    """Every --log-every steps: the scalars (a NaN or inf ends the run in one line), on toy text the greedy policy's
-    exact return and the step (and training seconds) from which it stays within --optimum-tolerance of the optimum
-    (run.reached), and the progress line."""
+def log_table_progress(args: Args, run: "Run", q: torch.Tensor, scalars: dict, global_step: int, last: bool):
+    """The scalars (a NaN or inf ends the run); on toy text the greedy policy's exact return, and the step and training
+    seconds from which it stays within --optimum-tolerance of the optimum (run.reached); the progress line."""
     for tag, value in check_training(scalars, global_step).items():
         run.writer.add_scalar(tag, value, global_step)
     exact_text = ""
     if run.tables is not None:
-        with run.progress.paused():
+        with run.paused():
             greedy = exact_return(run.tables, q.argmax(1).cpu().numpy(), run.horizon)
         run.writer.add_scalar("eval/exact_return", greedy, global_step)
         if run.optimum - greedy > args.optimum_tolerance:
             run.reached = None
         elif run.reached is None:
-            run.reached = (global_step, time.time() - run.progress.start_time - run.progress.paused_seconds)
+            run.reached = (global_step, time.time() - run.start_time - run.paused_seconds)
         exact_text = f" | greedy exact {greedy:.4f} of {run.optimum:.4f}"
-    run.progress.log(run.writer, global_step, global_step, exact_text, force=last)
+    run.log(global_step, global_step, exact_text, force=last)
 
 
-def end_iteration(args: Args, run: types.SimpleNamespace, q: torch.Tensor, envs, global_step: int, iteration: int):
+def end_iteration(args: Args, run: "Run", q: torch.Tensor, envs, global_step: int, iteration: int):
     """The end of an iteration: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every steps
     and on a stop request (Ctrl-C, SIGTERM), which then ends the run."""
     if crossed(global_step, args.num_envs, args.eval_every):
-        with run.progress.paused():
-            log_eval(run.writer, evaluate(q, run.grid, args), global_step)
+        with run.paused():
+            run.log_eval(evaluate(q, run.grid, args), global_step)
     if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
-        save_checkpoint(
-            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir, q=q.cpu(),
-            grid=dataclasses.asdict(run.grid), global_step=global_step, iteration=iteration, rng=rng_state(run.device),
-        )  # fmt: skip
+        grid = dataclasses.asdict(run.grid)
+        run.checkpoint(q=q.cpu(), grid=grid, global_step=global_step, iteration=iteration, rng=rng_state(run.device))
     if run.stop:
-        stop_and_exit(run.stop, run.writer, envs, args, run.run_dir, f"step {global_step:,}")
+        envs.close()
+        run.stop_and_exit(f"step {global_step:,}")
 
 
-def grid_map(env_id: str) -> tuple[list[str], str] | None:
-    """(map rows, arrow per action) for the grid worlds; None for other envs."""
+def show_policy(args: Args, run: "Run", q: np.ndarray, global_step: int) -> None:
+    """On the grid worlds, the greedy policy as a text grid, and drawn to runs/<run>/policy.png: its arrows over the map,
+    on state values max_a Q(s, a) as colours, with its exact return in the title on toy text."""
     lake, cliff = "←↓→↑", (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")
     maps = {"FrozenLake-v1": (MAPS["4x4"], lake), "FrozenLake8x8-v1": (MAPS["8x8"], lake), "CliffWalking-v1": cliff}
-    return maps.get(GYMNASIUM_IDS.get(env_id, env_id))
-
-
-def policy_text(q: np.ndarray, rows: list[str], arrows: str) -> str:
-    """The greedy policy as a text grid: an arrow on each cell the agent can stand on, the map's letter elsewhere."""
-    a = q.argmax(1).reshape(len(rows), -1)
-    return "\n".join(" ".join(c if c in "HGC" else arrows[a[i, j]] for j, c in enumerate(row)) for i, row in enumerate(rows))
-
-
-def save_policy_png(path: str, q: np.ndarray, rows: list[str], arrows: str, title: str) -> None:
-    """The greedy policy's arrows over the map, on state values max_a Q(s, a) as colours."""
+    if (found := maps.get(GYMNASIUM_IDS.get(args.env_id, args.env_id))) is None:
+        return
+    (rows, arrows), path = found, os.path.join(run.dir, "policy.png")
+    cells = np.array([list(row) for row in rows])
+    special = np.isin(cells, list("HGC"))  # holes, cliff, goal: their letters, on white; an arrow on every other cell
+    labels = np.where(special, cells, np.array(list(arrows))[q.argmax(1).reshape(cells.shape)])
+    print("greedy policy:\n" + "\n".join(" ".join(line) for line in labels))
+    title = f"{args.env_id}: greedy policy after {global_step:,} steps"
+    if run.tables is not None:
+        title += f"\nexact return {exact_return(run.tables, q.argmax(1), run.horizon):.4f} (optimum {run.optimum:.4f})"
     from matplotlib.figure import Figure  # drawn without pyplot, so no display or backend is needed
 
-    h, w = len(rows), len(rows[0])
-    special = np.array([[c in "HGC" for c in row] for row in rows])  # holes, cliff, goal: letters on white
+    h, w = cells.shape
     fig = Figure(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
     ax = fig.subplots()
     im = ax.imshow(np.ma.masked_array(q.max(1).reshape(h, w), special), cmap="viridis")
     fig.colorbar(im, ax=ax, label="V(s) = max_a Q(s, a), discounted", fraction=0.046 if w > h else 0.1)
-    for i, line in enumerate(policy_text(q, rows, arrows).splitlines()):
-        for j, label in enumerate(line.split()):
-            ax.text(j, i, label, ha="center", va="center", fontsize=14, color="black" if special[i, j] else "white")
+    for (i, j), label in np.ndenumerate(labels):
+        ax.text(j, i, label, ha="center", va="center", fontsize=14, color="black" if special[i, j] else "white")
     ax.set(xticks=[], yticks=[])
     ax.set_title(title, fontsize=9)
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    print(f"policy picture: {path}")
 
 
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
@@ -441,8 +437,7 @@ def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device, grid: Grid) -> dict:
     """For check_storage: the float64 table on the device; on toy text, transition_tables' arrays in host memory."""
     rows, num_actions = (grid.num_states if grid.bins else int(obs_space.n)), int(action_space.n)  # exact integers
-    size = f"{rows:,}" if rows < 10**12 else f"{float(rows):.2g}"
-    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = {size}" if grid.bins else size
+    size = f"--bins {args.bins} ^ {len(grid.low)} dimensions = {float(rows):.2g}" if grid.bins else f"{rows:,}"
     fix = "lower --bins, or use dqn.py" if grid.bins else "use dqn.py"
     stores = {f"the table ({size} rows x {num_actions} actions)": (rows * num_actions * 8, device, fix)}
     toy_text = "toy_text" in str(getattr(gym.registry.get(GYMNASIUM_IDS.get(args.env_id, args.env_id)), "entry_point", ""))
@@ -479,67 +474,41 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
     return grid
 
 
-def start_run(args: Args) -> types.SimpleNamespace:
-    """Every check before the run directory is made, then the device, the checkpoint read, the run directory, writer,
-    progress line, stop requests, and the exact optimum where gymnasium has the transition table; what main needs."""
+def start_run(args: Args) -> "Run":
+    """Every check before the run directory is made, then the device, the checkpoint read, the Run (directory, writer,
+    progress line, stop requests), and the exact optimum where gymnasium has the transition table; what main needs."""
     obs_space, action_space = env_spaces(args.env_id)
     grid = check_args(args, obs_space, action_space)
-    device = seed_and_device(args)
-    small_network_threads(device, True)
+    device = seed_and_device(args, small=True)
     check_storage(storage(args, obs_space, action_space, device, grid))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    say_device(device)
-    global_step, start_iteration = 0, 1
+    run = Run(args, ckpt, device, args.total_timesteps)
+    run.grid, run.num_actions, run.start_iteration = grid, action_space.n, ckpt["iteration"] + 1 if ckpt else 1
+    run.num_states = obs_space.n if not grid.bins else grid.num_states
     if ckpt:
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        restore_rng(ckpt["rng"], device)
-        print(f"resumed {run_dir} at step {global_step:,}")
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
-    progress = Progress(args, global_step, args.total_timesteps)
-    stop = stop_requests()
+        rng_state(device, restore=ckpt["rng"])
+        print(f"resumed {run.dir} at step {run.start_step:,}")
     # exact evaluation where gymnasium has the transition table (toy text): the optimum and the greedy policy's value,
     # from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)
-    horizon = episode_horizon(args.env_id, args.max_episode_steps)
-    tables = transition_tables(args.env_id) if not grid.bins and horizon else None
-    optimum = exact_return(tables, None, horizon) if tables else None
-    if optimum is not None:
-        print(f"exact optimum over {horizon} steps from gymnasium's start states (value iteration): {optimum:.4f}")
-    num_states = obs_space.n if not grid.bins else grid.num_states
-    return types.SimpleNamespace(
-        device=device, grid=grid, num_states=num_states, num_actions=action_space.n, ckpt=ckpt, run_dir=run_dir,
-        global_step=global_step, start_iteration=start_iteration, writer=writer, progress=progress, stop=stop,
-        horizon=horizon, tables=tables, optimum=optimum, reached=None,
-    )  # fmt: skip
+    run.horizon, run.reached = episode_horizon(args.env_id, args.max_episode_steps), None
+    run.tables = transition_tables(args.env_id) if not grid.bins and run.horizon else None
+    run.optimum = exact_return(run.tables, None, run.horizon) if run.tables else None
+    if run.optimum is not None:
+        print(f"exact optimum over {run.horizon} steps from gymnasium's start states (value iteration): {run.optimum:.4f}")
+    return run
 
 
-def end_run(args: Args, run: types.SimpleNamespace, q: torch.Tensor, global_step: int) -> None:
-    """When the greedy policy came within the tolerance of the optimum; the greedy policy as text and picture (grid
-    worlds); with --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
+def end_run(args: Args, run: "Run", q: torch.Tensor, global_step: int) -> None:
+    """When the greedy policy came within the tolerance of the optimum; the greedy policy shown (grid worlds); with
+    --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
     if run.reached is not None:
         (step, seconds), tol = run.reached, args.optimum_tolerance
         print(f"greedy policy within {tol} of the optimum from step {step:,} on ({seconds:.1f} s of training)")
-    tables, horizon, optimum, writer = run.tables, run.horizon, run.optimum, run.writer
-    q_np = q.cpu().numpy()
-    if (gmap := grid_map(args.env_id)) is not None:
-        rows, arrows = gmap
-        print(f"greedy policy:\n{policy_text(q_np, rows, arrows)}")
-        title = f"{args.env_id}: greedy policy after {global_step:,} steps"
-        if tables is not None:
-            title += f"\nexact return {exact_return(tables, q_np.argmax(1), horizon):.4f} (optimum {optimum:.4f})"
-        save_policy_png(os.path.join(run.run_dir, "policy.png"), q_np, rows, arrows, title)
-        print(f"policy picture: {os.path.join(run.run_dir, 'policy.png')}")
+    show_policy(args, run, q.cpu().numpy(), global_step)
     if args.save_model:
-        model_path = os.path.join(run.run_dir, "qlearning.model")
-        save_checkpoint(model_path, "model", args, run.run_dir, q=q.cpu(), grid=dataclasses.asdict(run.grid))
-        state = load_checkpoint(model_path, args.env_id, kind="model")
-        eval_q = state["q"].to(run.device)
-        eval_returns = evaluate(eval_q, Grid(**state["grid"]), args)
-        if tables is not None:
-            exact = exact_return(tables, eval_q.argmax(1).cpu().numpy(), horizon)
-            print(f"exact return of the reloaded table's greedy policy: {exact:.4f} (optimum {optimum:.4f})")
-        log_final_eval(writer, eval_returns, global_step, model_path)
-    finish(writer, run.run_dir, global_step)
+        state = run.save_and_reload(q=q.cpu(), grid=dataclasses.asdict(run.grid))
+        run.log_eval(evaluate(state["q"].to(run.device), Grid(**state["grid"]), args), global_step, run.model_path)
+    run.finish(global_step)
 
 
 # ===============================================================================================================
@@ -569,7 +538,6 @@ from torch.utils.tensorboard import SummaryWriter
 
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")  # envpool's float64 bounds
 SCRIPT = os.path.basename(__file__)
-WRITTEN: dict[str, typing.Any] = {}  # the open writers; the checkpoint (path, step) a resume can start from
 
 
 @dataclasses.dataclass
@@ -601,10 +569,6 @@ def fail(message: str):
 def parse_args(argv: list[str] | None = None) -> Args:
     """The command line over the chosen preset's defaults (which --help shows), checked; with --resume, the checkpoint's."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    source = open(__file__).read()  # tyro keeps a field docstring's line breaks, which cut --help's sentences in two
-    for field in dataclasses.fields(Args):
-        if doc := re.search(rf'^    {field.name}: [^\n]*\n    """(.*?)"""', source, re.M | re.S):
-            Args.__annotations__[field.name] = typing.Annotated[field.type, tyro.conf.arg(help=" ".join(doc[1].split()))]
     defaults, captured = preset_defaults(argv), io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):  # --help opens with the docstring's first paragraph
@@ -653,12 +617,11 @@ def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
     """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
-    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
     for i, arg in enumerate(argv):
         key, eq, given = arg.partition("=")
-        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
-            value = given if eq else argv[i + 1]
-    return value
+        if key in (f"--{name.replace('_', '-')}", f"--{name}") and (eq or i + 1 < len(argv) and argv[i + 1][:2] != "--"):
+            default = given if eq else argv[i + 1]
+    return default
 
 
 # The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes. A longer
@@ -680,145 +643,120 @@ def resumed_args(args: Args) -> Args:
         again = f"it would train those steps again into runs/{state['run_name']}, over their events and final model"
         fail(f"{behind}: resumed, {again}; delete {finished} to do that anyway")
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
-        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        value, flag, was = getattr(args, name), f"--{name.replace('_', '-')}", saved[name]
         reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
-        if value == saved[name]:
+        if value == was:
             continue
         if name not in RESUMABLE:
-            keeps = f"differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it learned with"
-            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {saved[name]}), or start a new run without --resume")
+            keeps = f"differs from the checkpoint's {was}, and a resumed run keeps the settings it learned with"
+            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {was}), or start a new run without --resume")
         if reached and value <= (at := state.get(reached[1], -1)):  # the resumed run would stop at once
             fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; "
                  f"pass a {flag} above {at} to extend the run")  # fmt: skip
         if os.environ.get("RANK", "0") == "0":
-            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+            print(f"resuming with {flag} {value} (the checkpoint has {was})", flush=True)
         saved[name] = value
     resumed = Args(**{**{k: v for k, v in saved.items() if k in defaults}, "resume": args.resume})
     resumed.typed, resumed.wandb_id = args.typed, state.get("wandb_id")  # the W&B run a tracked run goes on in
     return resumed
 
 
-def make_run_dir(run_name: str) -> str:
-    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
-    run_dir = os.path.join("runs", run_name)
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
-    return run_dir
-
-
-def new_run_name(args: Args) -> str:
-    return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-
-
-def seed_and_device(args: Args) -> torch.device:
+def seed_and_device(args: Args, small: bool = False) -> torch.device:
+    """Every RNG seeded; the device; one torch thread for a small network on the CPU (a second does not pay its waking)."""
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-
-def small_network_threads(device: torch.device, small: bool) -> None:
-    """One torch thread on the CPU for a small network (an MLP, a Q-table) unless OMP_NUM_THREADS says otherwise: a
-    second thread does not pay for its waking, and one that spins takes most of a busy machine's speed."""
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-
-
-def say_device(device: torch.device, share: str = "") -> None:
-    """A run's first line: where it trains; under torchrun, how many processes on how many machines, each `share`."""
-    threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
-    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
-    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
+    return device
 
 
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
-    """The run's big stores (a rollout, a replay buffer, a phase's frames), each named with the flags that size it, as
-    (bytes, device, fix): one that needs over 0.9 of its device's free memory is refused before anything starts."""
+    """The big stores, {name with its flags: (bytes, device, fix)}: one over 0.9 of its device's free memory is refused."""
     for name, (size, device, fix) in stores.items():
         if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
+            free, memory = torch.cuda.mem_get_info(device)[0], "GPU memory"
         else:
             with open("/proc/meminfo") as f:
-                free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+                free, memory = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), "memory"
         if size > 0.9 * free:
-            memory = "GPU memory" if device.type == "cuda" else "memory"
             fail(f"{name} needs {size / 2**30:.3g} GiB and this machine has {free / 2**30:.3g} GiB of {memory} free; {fix}")
 
 
-def rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device, restore: dict | None = None) -> dict:
+    """This process's RNG states, for a checkpoint; with restore, those of a checkpoint put back first."""
+    if restore is not None:
+        random.setstate(restore["python"])
+        np.random.set_state(restore["numpy"])
+        torch.set_rng_state(restore["torch"])
+        if device.type == "cuda" and restore["cuda"] is not None:
+            torch.cuda.set_rng_state_all(restore["cuda"])
     cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
 
 
-def restore_rng(rng: dict, device: torch.device) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if device.type == "cuda" and rng["cuda"] is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+class Run:
+    """A run's stop requests (run.stop) and what it writes, process 0 alone under torchrun: runs/<run>, made once every
+    check has passed; its tensorboard events (with --track, mirrored to W&B); the progress line; checkpoints; the final
+    model; evaluations; videos; the end. A run started by a checkpoint (ckpt) goes on in its directory, from its step."""
 
+    last: "Run | None" = None  # the run in progress, whose events a run that stops in error closes (run_main)
+    kept: tuple[str | None, int | None] = (None, None)  # the checkpoint (path, step) a resume can start from
 
-def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
-    """Tensorboard events in run_dir; with --track, first a W&B run named as the run directory (or the resumed one) that
-    mirrors them; W&B's files stay in ./wandb (in runs/ they would show as a run)."""
-    if args.track:
-        import wandb
-
+    def __init__(self, args: Args, ckpt: dict | None, device: torch.device, total: int, unit="step", done=None, share=""):
+        self.args, self.device, self.total, self.unit, self.ckpt, Run.last = args, device, total, unit, ckpt, self
+        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), stop_requests(), None
+        step = ckpt["global_step"] if ckpt else 0
+        self.start_step, self.start_done = step, step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print, self.recent_returns = time.time(), 0.0, 0.0, []
+        name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.dir = os.path.join("runs", ckpt["run_name"] if ckpt else name)
+        if self.rank != 0:
+            return
         try:
-            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=os.path.basename(run_dir),
-                             tags=list(args.wandb_tags) or None, id=getattr(args, "wandb_id", None), resume="allow",
-                             config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)  # fmt: skip
-        except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
-            if not os.listdir(run_dir) and not args.resume:
-                os.removedirs(run_dir)  # and runs/, if this was its only run
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
-        args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
-    WRITTEN.setdefault("writers", []).append(writer)  # closed, so flushed, by a run that stops on a NaN (run_main)
-    if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        where = f" in each of {world} processes, each {share}" if world > 1 else ""
+        print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
+        if args.track:  # a W&B run named as the run directory (or the resumed one); its files stay in ./wandb
+            import wandb
 
+            try:
+                run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, resume="allow",
+                                 name=os.path.basename(self.dir), tags=list(args.wandb_tags) or None,
+                                 id=getattr(args, "wandb_id", None), config=dataclasses.asdict(args),
+                                 sync_tensorboard=True, save_code=True)  # fmt: skip
+            except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
+                if not os.listdir(self.dir) and not args.resume:
+                    os.removedirs(self.dir)  # and runs/, if this was its only run
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
+            args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
+        # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
+        self.writer = SummaryWriter(self.dir, purge_step=step + 1 if ckpt else None)
+        if not ckpt:
+            table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-def close_writer(writer: SummaryWriter) -> None:
-    """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
-    writer.close()
-    if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
-        wandb.finish()
-
-
-class Progress:
-    """Finished episodes (one point each), steps per second over training time, and a line every --progress-interval s."""
-
-    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
-        self.interval, self.total, self.unit = args.progress_interval, total, unit
-        self.start_step, self.start_done = global_step, global_step if done is None else done
-        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
-        self.recent_returns: list[float] = []
-
-    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+    def log_episodes(self, returns, lengths, global_step: int) -> None:
         for episodic_return, length in zip(returns, lengths, strict=True):
-            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            self.writer.add_scalar("charts/episodic_length", length, global_step)
             self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
 
-    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
-        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+    def log(self, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS (over training time), and every --progress-interval s `<unit> done/total (%) | SPS | return | ETA`."""
         seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
         sps = int((global_step - self.start_step) / seconds)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        if force or time.time() - self.last_print > self.interval:
-            self.last_print = time.time()
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.args.progress_interval:
+            self.last_print, mean = time.time(), f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
             eta = seconds / max(done - self.start_done, 1) * (self.total - done)
-            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
             line = f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,}"
             line += f" | return {mean} (last {len(self.recent_returns)} episodes){extra}"
             print(f"{line} | ETA {int(eta // 60)}m{int(eta % 60):02d}s", flush=True)
@@ -831,17 +769,55 @@ class Progress:
         yield
         self.paused_seconds += time.time() - start
 
+    def checkpoint(self, **state) -> None:
+        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), "checkpoint", self.args, self.dir, **state)
+
+    def save_and_reload(self, **state) -> dict:
+        """--save-model: the final model written, then read back from disk, as a user who loads it reads it."""
+        self.model_path = os.path.join(self.dir, f"{SCRIPT[:-3]}.model")
+        save_checkpoint(self.model_path, "model", self.args, self.dir, **state)
+        return load_checkpoint(self.model_path, self.args.env_id, kind="model")
+
+    def video(self, at: int | None = None) -> str | None:
+        """The path of the video of an evaluation at step `at` (None: the final one); None without --capture-video."""
+        return os.path.join(self.dir, "videos", f"eval_{at}.mp4" if at else "final.mp4") if self.args.capture_video else None
+
+    def log_eval(self, returns: np.ndarray, global_step: int, model_path: str | None = None) -> None:
+        """An evaluation's mean at its step; the reloaded final model's (model_path): one point per episode, at the last."""
+        for value in returns if model_path else [np.mean(returns)]:
+            self.writer.add_scalar("eval/episodic_return", float(value), global_step)
+        episodes = f"over {len(returns)} episode{'s' * (len(returns) > 1)}"
+        if model_path is None:
+            print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} {episodes}", flush=True)
+        else:
+            print(f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} {episodes}")
+            print(f"model: {model_path}")
+
+    def close(self) -> None:
+        """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
+        self.writer.close()
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
+            wandb.finish()
+
+    def stop_and_exit(self, where: str) -> typing.NoReturn:
+        """A stop request's end, once its checkpoint is written: the events closed, the command that resumes the run."""
+        self.close()
+        print(f"stopped at {where}; resume with: {resume_command(self.args, self.dir)}", flush=True)
+        sys.exit(128 + self.stop[0])
+
+    def finish(self, global_step: int) -> None:
+        """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
+        self.close()
+        with contextlib.suppress(OSError), open(os.path.join(self.dir, "finished"), "w") as f:
+            f.write(f"{global_step}\n")
+        print(f"tensorboard logs: {self.dir}   (view with: tensorboard --logdir runs)")
+
 
 def stop_requests() -> list[int]:
     """Ctrl-C or SIGTERM: checkpoint and exit at the loop's next boundary (the list gets the signal); a second kills now."""
     stop: list[int] = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _: (stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
     return stop
 
 
@@ -851,8 +827,7 @@ def crossed(count: int, advanced: int, every: int) -> bool:
 
 
 def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
-    """A checkpoint.pt (for --resume) or a final model, marked with what load_checkpoint checks; written to a .tmp, then
-    renamed, so that a kill during the write never leaves a broken one."""
+    """A checkpoint.pt or a final model, marked for load_checkpoint; written to a .tmp, renamed: no kill leaves it broken."""
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir))
     marks.update(format=CHECKPOINT_FORMAT, fields=sorted(state), wandb_id=getattr(args, "wandb_id", None))
     if (bad := non_finite(state)) is not None:  # the backstop: the loop's own checks stop a run before this
@@ -866,7 +841,7 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
             os.remove(f"{path}.tmp")
         cannot_write(path, error, args)
     if kind == "checkpoint":
-        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+        Run.kept = (path, state.get("global_step"))
 
 
 def non_finite(state, name: str = "") -> str | None:
@@ -888,41 +863,42 @@ UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EACCE
 
 
 def run_main(main, args) -> None:
-    """main(args); a write that fails for want of room or rights, or a NaN or inf, ends the run in one line instead of a
-    traceback from deep in a library, the events written up to it kept (the events' thread says its error at the next)."""
+    """main(args); a NaN or inf, or a write that fails for want of room or rights, ends the run in one line (no traceback)."""
     threading.excepthook = lambda hook: getattr(hook.exc_value, "errno", 0) in UNWRITABLE or threading.__excepthook__(hook)
     try:
         main(args)
     except NonFinite as error:
-        for writer in WRITTEN.get("writers", ()):
-            writer.close()
-        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except OSError as error:
+        if Run.last is not None and Run.last.writer is not None:
+            Run.last.writer.close()  # the events up to it kept
+        end_in_error(str(error), args)
+    except OSError as error:  # (the events' thread says its own at the next write)
         if error.errno not in UNWRITABLE:
             raise
-        folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
+        folder = os.path.dirname(Run.kept[0]) if Run.kept[0] else "the run directory"
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
 def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
-    """A file of the run that could not be written ends it in one line: the file, the cause, the checkpoint left."""
-    folder = os.path.dirname(path) or "."
     cause = getattr(error, "strerror", None) or str(error).strip().splitlines()[0][:200]
-    if isinstance(error, RuntimeError) and os.path.isdir(folder) and shutil.disk_usage(folder).free < 1 << 20:
-        cause = "No space left on device"  # torch's zip writer on a full disk says only "unexpected pos"
-    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    if isinstance(error, RuntimeError) and os.path.isdir(os.path.dirname(path) or "."):
+        if shutil.disk_usage(os.path.dirname(path) or ".").free < 1 << 20:  # torch's zip writer says "unexpected pos"
+            cause = "No space left on device"
+    end_in_error(f"cannot write {path}: {cause}", args)
 
 
-def kept_checkpoint(args) -> str:
-    kept, step = WRITTEN.get("checkpoint", (None, None))
+def end_in_error(what: str, args) -> typing.NoReturn:
+    """A run that cannot go on says so in one line, with the checkpoint it left to resume from, and exits 1."""
+    kept, step = Run.kept
     if os.environ.get("RANK", "0") != "0":
-        return "process 0 writes the run's checkpoints"
-    if kept is None or not os.path.exists(kept):
-        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
-    at = f" (step {step:,})" if step is not None else ""
-    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
+        left = "process 0 writes the run's checkpoints"
+    elif kept is None or not os.path.exists(kept):
+        left = "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    else:
+        at = f" (step {step:,})" if step is not None else ""
+        resume = resume_command(args, os.path.dirname(kept))
+        left = f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume}"
+    print(f"{SCRIPT}: error: {what}; {left}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def resume_command(args, run_dir: str) -> str:
@@ -932,8 +908,7 @@ def resume_command(args, run_dir: str) -> str:
 
 
 def finite_step(out: tuple, global_step: int) -> tuple:
-    """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
-    anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
+    """A vector env's step once its rewards and observations are finite (as SB3's VecCheckNan), at one sum per array."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
         if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not (ok := np.isfinite(x)).all():
             rows = ok.reshape(len(x), -1).all(axis=1)  # (an overflowing sum of finite values passes)
@@ -995,19 +970,8 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     if state["args"]["env_id"] != env_id:
         fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
     if kind == "checkpoint":  # the one a failed write names
-        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+        Run.kept = (path, state.get("global_step"))
     return state
-
-
-def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
-    close_writer(writer)
-    envs.close()
-    print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)
-    sys.exit(128 + stop[0])
-
-
-def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
-    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
 
 
 def write_video(path: str | None, frames: list) -> None:
@@ -1023,30 +987,8 @@ def write_video(path: str | None, frames: list) -> None:
             with contextlib.suppress(OSError):
                 os.remove(path)  # no video cut short
             return
-        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, uploaded beside the scalars
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
-
-
-def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
-
-
-def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
-    """The model reloaded from disk: one eval/episodic_return point per episode, at the last step (log_eval: the mean)."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    mean_std = f"{np.mean(returns):.1f} +- {np.std(returns):.1f}"
-    print(f"evaluation of {model_path}: mean return {mean_std} over {len(returns)} episodes")
-    print(f"model: {model_path}")
-
-
-def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
-    """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
-    close_writer(writer)
-    with contextlib.suppress(OSError), open(os.path.join(run_dir, "finished"), "w") as f:
-        f.write(f"{global_step}\n")
-    print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 
 def envpool_has(env_id: str) -> bool:
