@@ -658,12 +658,8 @@ import signal
 import sys
 import traceback
 
-# The layout of checkpoints and models: raised when a field changes, so that --resume refuses an old one in one line
-CHECKPOINT_FORMAT = 2
-
-
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
-RANGES = dict(
+CHECKPOINT_FORMAT = 2  # the layout of checkpoints and models: raise it when a field changes (a resume refuses another)
+RANGES = dict(  # every numeric flag's interval, checked before anything else happens
     seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
     progress_interval="[0, inf)", sticky_action_prob="[0, 1]", max_episode_steps="[1, inf)", total_timesteps="[1, inf)",
     learning_rate="(0, inf)", num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]", int_gamma="[0, 1]",
@@ -673,8 +669,7 @@ RANGES = dict(
 )  # fmt: skip
 
 
-def preset_defaults(argv: list[str]) -> Args:
-    """The defaults (the paper's setting; rnd_ppo.py has no other preset)."""
+def preset_defaults(argv: list[str]) -> Args:  # the paper's setting: rnd_ppo.py has no other preset
     return Args()
 
 
@@ -732,8 +727,7 @@ class Rooms:
             self.episode_rooms[episode_end] = False
 
     def log(self, run: "Run", global_step: int) -> str:
-        """Every process's finished episodes' rooms and the rooms any has seen, logged by process 0; returns the progress
-        line's part."""
+        """Every process's finished episodes' rooms and all rooms seen, logged by process 0; the progress line's part."""
         self.seen = np.logical_or.reduce(gather_objects(self.seen, run.args.world_size))
         finished, self.finished = gather_episodes(self.finished, run.args.world_size), []
         if run.rank != 0 or self.address is None:
@@ -783,10 +777,9 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
 
 def end_iteration(run: "Run", args: Args, nets: dict, finished: list, stats: dict, explained: dict, valid, lr, rewems,
                   global_step: int, iteration: int) -> None:  # fmt: skip
-    """An iteration's end: process 0 logs every process's finished episodes and rooms, the update's terms and the mean
-    intrinsic reward (`stats`), both value heads' explained variance (`explained`: values and returns) and the learning
-    rate, in one host sync with the weights' sum (a NaN or inf in it or a loss ends the run), and evaluates when due; a
-    checkpoint when one is due or a stop was asked (of any process: all stop after the same iteration), then the stop."""
+    """Process 0 logs every process's episodes and rooms, `stats` (the update's and the intrinsic reward's means), both
+    heads' explained variance (`explained`: values, returns) and the learning rate, a NaN or inf in them or the weights
+    ending the run, and evaluates when due; a checkpoint when due or on a stop (asked of any process: all stop here)."""
     episodes, rooms = gather_episodes(finished, args.world_size), run.rooms.log(run, global_step)
     if run.rank == 0:
         for step, returns, lengths in episodes:
@@ -1022,9 +1015,8 @@ def bf16_note(device: torch.device) -> str:
 
 
 def start_run(args: Args) -> "Run":
-    """A run's set-up before its networks: every check before the run directory is made (the env's spaces, the flags,
-    the storage, the checkpoint and the processes that wrote it), this process under torchrun, the Run (process 0 alone
-    writes) and this process's envs."""
+    """Every check before the run directory is made (env, flags, storage, the checkpoint and its process count), this
+    process under torchrun, the Run (process 0 alone writes) and this process's envs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -1071,9 +1063,8 @@ def restore_run(args: Args, run: "Run", nets: dict, statistics):
 
 
 def end_run(args: Args, run: "Run", nets: dict, rewems: torch.Tensor, global_step: int) -> None:
-    """The end of a run: envs closed, every env's filter state gathered, the processes left together; then process 0
-    alone, with --save-model, writes both networks and every statistic, reloads the policy from disk into a new agent
-    and evaluates it, as a user who loads it evaluates it; and closes the writer."""
+    """Envs closed, every env's filter state gathered, the processes left together; then process 0 alone, with
+    --save-model, saves both networks and every statistic and evaluates the policy reloaded from disk; the end."""
     run.envs.close()
     rewems = gather_rows(rewems, args.world_size)
     end_processes(args.world_size)
