@@ -588,20 +588,19 @@ def restore_run(args: Args, run: "Run", q_network, target_network, optimizer, ex
     rng_state(run.device, restore=ckpt["rng"])
     explore_rng.bit_generator.state = ckpt["rng"]["explore"]
     rb.rng.bit_generator.state = ckpt["rng"]["buffer"]
-    global_step, refill = ckpt["global_step"], args.learning_starts
+    global_step, starts = ckpt["global_step"], args.learning_starts
     if (saved := ckpt.pop("replay_buffer")) is None:  # the experience is lost: gather it again before the next update
-        print(f"resumed {run.dir} at step {global_step:,} (replay buffer not saved: refilling it for {refill:,} steps)")
-        return global_step, global_step + refill
+        print(f"resumed {run.dir} at step {global_step:,} (replay buffer not saved: refilling it for {starts:,} steps)")
+        return global_step, global_step + starts
     for name in REPLAY_ARRAYS:
         getattr(rb, name)[...] = saved[name].numpy()
     rb.pos, rb.size = saved["pos"], saved["size"]
     print(f"resumed {run.dir} at step {global_step:,}")
-    return global_step, args.learning_starts
+    return global_step, starts
 
 
 def log_training(args: Args, run: "Run", stats: dict, num_updates: int, epsilon: float, global_step: int) -> None:
-    """Every --log-every steps: the interval's mean of each update statistic (one host sync; a NaN or inf ends the run
-    in one line), epsilon, and charts/SPS with the progress line."""
+    """Every --log-every steps: each update statistic's mean (one host sync; a NaN or inf ends the run), epsilon, SPS."""
     if num_updates:
         means = torch.stack([total / num_updates for total in stats.values()]).tolist()
         for name, value in check_training(dict(zip(stats, means, strict=True)), global_step).items():
