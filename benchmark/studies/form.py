@@ -31,7 +31,7 @@ CEILING = {
     "a2c": dict(total=1447, machinery=482, shared=513),
     "ppg_procgen": dict(total=1572, machinery=484, shared=513),
     "rnd_ppo": dict(total=1540, machinery=400, shared=486),
-    "dqn": dict(total=1163, machinery=291, shared=513),
+    "dqn": dict(total=1114, machinery=269, shared=486),
     "ddpg_td3": dict(total=1143, machinery=238, shared=513),
     "es": dict(total=1180, machinery=312, shared=513),
     "qlearning": dict(total=999, machinery=269, shared=486),
