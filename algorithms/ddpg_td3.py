@@ -342,15 +342,12 @@ def main(args: Args) -> None:
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     losses = LossSums()
-    seconds = dict(env=0.0, acting=0.0, updates=0.0)  # where the training time goes, printed at the end
 
     while global_step < args.total_timesteps:
         # --- act: uniformly random until learning starts, then the actor plus exploration noise ---
         global_step += N
-        with timed(seconds, "acting"):
-            actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
-        with timed(seconds, "env"):
-            next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions), global_step)  # stops on NaN
+        actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
+        next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions), global_step)  # stops on NaN
 
         # --- step and store: the reset step of the next-step autoreset (next_valid False) is never written;
         # after a truncation next_obs is the real final observation and terminated stays 0: it bootstraps ---
@@ -366,13 +363,12 @@ def main(args: Args) -> None:
 
         # --- learn: one gradient step per env step; the TD target inside critic_update, the actor delayed ---
         if global_step > train_from:
-            with timed(seconds, "updates"):
-                for _ in range(N):
-                    critic_updates += 1
-                    batch = rb.sample(args.batch_size)
-                    losses.add(update_critic(batch))
-                    if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
-                        losses.add(update_actor(batch.obs))
+            for _ in range(N):
+                critic_updates += 1
+                batch = rb.sample(args.batch_size)
+                losses.add(update_critic(batch))
+                if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
+                    losses.add(update_actor(batch.obs))
 
         # --- logging, when these N steps reach a multiple of --log-every: each loss's mean, one host sync ---
         last = global_step >= args.total_timesteps
@@ -386,12 +382,11 @@ def main(args: Args) -> None:
         # --- an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and on Ctrl-C ---
         end_iteration(args, run, envs, nets, rb, explore_rng, global_step, critic_updates)
 
-    # --- end: where the time went; the final actor saved, reloaded from disk and evaluated (--save-model) ---
-    end_run(args, run, envs, actor, critic, global_step, seconds)
+    # --- end: the final actor saved, reloaded from disk and evaluated (--save-model) ---
+    end_run(args, run, envs, actor, critic, global_step)
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery, then the shared run plumbing.
-import contextlib
 import difflib
 import subprocess
 import tempfile
@@ -461,14 +456,6 @@ def can_render(env_id: str) -> bool:
     )
     with tempfile.TemporaryDirectory() as folder:  # where MuJoCo writes MUJOCO_LOG.TXT when it fails: not the user's
         return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, cwd=folder).returncode == 0
-
-
-@contextlib.contextmanager
-def timed(seconds: dict, part: str):
-    """Adds the time spent inside to seconds[part] (the time split end_run prints)."""
-    start = time.perf_counter()
-    yield
-    seconds[part] += time.perf_counter() - start
 
 
 def bf16_note(device: torch.device) -> str:
@@ -549,8 +536,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 # --- the set-up and the end of a run, and the state a checkpoint holds ---
 def start_run(args: Args) -> "Run":
-    """Every check before the run directory is made, then the device, the checkpoint read and the Run (run directory,
-    writer, progress line, stop requests), with the env's spaces."""
+    """Every check, then the device, the checkpoint read and the Run (run directory, writer), with the env's spaces."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     device = seed_and_device(args, small=True)
@@ -563,8 +549,7 @@ def start_run(args: Args) -> "Run":
 
 
 def restore_run(args: Args, run: "Run", nets: dict, explore_rng, rb: ReplayBuffer) -> tuple[int, int, int]:
-    """A resume: the networks and optimisers, the counters, the random states and the replay buffer where the checkpoint
-    has it; returns global_step, critic_updates and the step after which updates start again."""
+    """A resume's networks, optimisers, counters, RNG states and saved replay buffer; returns the counters and train_from."""
     ckpt = run.ckpt
     for key, net in nets.items():
         net.load_state_dict(ckpt[key])
@@ -572,8 +557,7 @@ def restore_run(args: Args, run: "Run", nets: dict, explore_rng, rb: ReplayBuffe
     rng_state(run.device, restore=ckpt["rng"])
     explore_rng.bit_generator.state = ckpt["rng"]["explore"]
     rb.generator.set_state(ckpt["rng"]["buffer"])
-    saved_buffer = ckpt.pop("replay_buffer")
-    if saved_buffer is not None:
+    if (saved_buffer := ckpt.pop("replay_buffer")) is not None:
         for name in Batch._fields:
             getattr(rb, name).copy_(saved_buffer[name])
         rb.pos, rb.size = saved_buffer["pos"], saved_buffer["size"]
@@ -586,20 +570,16 @@ def restore_run(args: Args, run: "Run", nets: dict, explore_rng, rb: ReplayBuffe
 
 def end_iteration(args: Args, run: "Run", envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
                              critic_updates: int) -> None:  # fmt: skip
-    """After each step of N envs: an evaluation when it reaches a multiple of --eval-every; runs/<run>/checkpoint.pt
-    (the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states) at a multiple of
-    --checkpoint-every and on a stop request (Ctrl-C, SIGTERM); then the stop."""
+    """After each step of N envs: an evaluation (--eval-every); a checkpoint (--checkpoint-every, and on a stop request:
+    the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states); then the stop."""
     if crossed(global_step, args.num_envs, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(nets["model"], args, run.device, run.video(global_step)), global_step)
     if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
         rng = dict(rng_state(run.device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state())
-        buffer = {name: getattr(rb, name) for name in (*Batch._fields, "pos", "size")}
-        run.checkpoint(
-            **{key: net.state_dict() for key, net in nets.items()},
-            replay_buffer=buffer if args.save_buffer else None,
-            global_step=global_step, critic_updates=critic_updates, rng=rng,
-        )  # fmt: skip
+        buffer = {name: getattr(rb, name) for name in (*Batch._fields, "pos", "size")} if args.save_buffer else None
+        states = {key: net.state_dict() for key, net in nets.items()}
+        run.checkpoint(**states, replay_buffer=buffer, global_step=global_step, critic_updates=critic_updates, rng=rng)
         if run.stop and not args.save_buffer:
             print(f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps")
     if run.stop:
@@ -607,16 +587,9 @@ def end_iteration(args: Args, run: "Run", envs, nets: dict, rb: ReplayBuffer, ex
         run.stop_and_exit(f"step {global_step:,}")
 
 
-def end_run(args: Args, run: "Run", envs, actor: Actor, critic: Critics, global_step: int, seconds: dict):
-    """The envs closed, where the training time went (benchmark/ddpg_td3.sh speed prints it); with --save-model the
-    final actor saved, reloaded from disk and evaluated; then the run's end."""
+def end_run(args: Args, run: "Run", envs, actor: Actor, critic: Critics, global_step: int):
+    """The envs closed; with --save-model the final actor saved, reloaded from disk and evaluated; then the run's end."""
     envs.close()
-    train_seconds = max(time.time() - run.start_time - run.paused_seconds, 1e-9)
-    shares = {k: 100 * v / train_seconds for k, v in seconds.items()}
-    print(
-        f"time: env steps {shares['env']:.0f}%, acting {shares['acting']:.0f}%, updates {shares['updates']:.0f}%,"
-        f" replay writes and logging {100 - sum(shares.values()):.0f}%"
-    )
     if args.save_model:  # as a user who loads it: a new actor, from the file read back
         state = run.save_and_reload(model=actor.state_dict(), critic=critic.state_dict())
         eval_actor = Actor(int(np.prod(run.obs_space.shape)), run.action_space, args.hidden_size, args.bf16).to(run.device)

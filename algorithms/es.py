@@ -348,7 +348,7 @@ def main(args: Args) -> None:
         end_iteration(run, args, generation, global_step, policy, theta, optimizer, obs_rms)
 
     # --- end: the final model saved, reloaded from disk and evaluated with frozen statistics (process 0) ---
-    end_run(args, run, policy, theta, obs_rms, global_step)
+    end_run(args, run, policy, obs_rms, global_step)
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
@@ -363,9 +363,8 @@ CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a f
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
               progress_interval="[0, inf)", num_generations="[1, inf)", population_size="[2, 1e6]", sigma="(0, inf)",
               learning_rate="(0, inf)", l2_coef="[0, inf)", max_episode_steps="[0, inf)")  # fmt: skip
-# A preset changes defaults (a flag given wins). classic: Args' own, the noise, step size and weight decay of
-# evolution-strategies-starter's configurations/humanoid.json with a 32-32 policy; mujoco: that configuration whole;
-# control: an Optuna study's on Pendulum-v1 (benchmark/results/es_pendulum_tuning), which Args' own do not learn.
+# Presets (a flag given wins). classic, Args' own: evolution-strategies-starter's configurations/humanoid.json noise, step
+# and decay with a 32-32 policy; mujoco: that file whole; control: benchmark/results/es_pendulum_tuning's on Pendulum-v1.
 PRESETS = dict(classic=dict(),
                control=dict(num_generations=300, sigma=0.2, learning_rate=0.25, l2_coef=0.00014, norm_obs=False),
                mujoco=dict(num_generations=500, hidden_sizes=(256, 256)))  # fmt: skip
@@ -405,8 +404,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
-    """A vector env that autoresets on the next step (a step rollout masks out): envpool's, or gymnasium's NEXT_STEP mode.
-    Env i is seeded with seed + i, so a member's env depends only on its index."""
+    """A vector env that autoresets on the next step (rollout masks it out); env i seeded seed + i, as its member's index."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if envpool_has(env_id):
         return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **render_kwargs)
@@ -553,8 +551,7 @@ def evaluate(policy: Policy, obs_rms: ObsStatistics | None, args: Args, device: 
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The population, for check_storage: a generation's noise (a row per pair of the whole population) and this process's
-    members' parameters twice (flat, and stacked for baddbmm)."""
+    """For check_storage: a generation's noise (a row per pair) and this process's members twice (flat, and stacked)."""
     n_out = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
     widths = [obs_space.shape[0], *args.hidden_sizes, n_out]
     dim = sum((n_in + 1) * n_out for n_in, n_out in zip(widths, widths[1:], strict=False))
@@ -578,9 +575,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
     ])  # fmt: skip
-    sizes = " ".join(map(str, args.hidden_sizes))
     if not all(1 <= width <= 16384 for width in args.hidden_sizes):  # far beyond Salimans et al.'s 64 to 256 units
-        fail(f"--hidden-sizes {sizes} has a width below 1 or above 16384; pass widths in [1, 16384]")
+        fail(f"--hidden-sizes {' '.join(map(str, args.hidden_sizes))} has a width below 1 or above 16384; pass 1 to 16384")
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.population_size % (n := 2 * args.world_size):
         fail(f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
@@ -617,8 +613,7 @@ def start_run(args: Args) -> "Run":
 
 def restore_run(run: "Run", policy: Policy, theta, optimizer, obs_rms) -> tuple[int, int]:
     """A resumed run's parameters, Adam's moments, statistics and RNG states; returns (global_step, first generation)."""
-    ckpt = run.ckpt
-    if not ckpt:
+    if not (ckpt := run.ckpt):
         return 0, 1
     policy.load_state_dict(ckpt["model"])
     with torch.no_grad():
@@ -633,8 +628,7 @@ def restore_run(run: "Run", policy: Policy, theta, optimizer, obs_rms) -> tuple[
 
 
 def end_iteration(run: "Run", args: Args, generation: int, global_step: int, policy, theta, optimizer, obs_rms):
-    """After each generation, process 0 evaluates the unperturbed mean policy (every --eval-every generations) and
-    writes a checkpoint (every --checkpoint-every, and on a stop); a stop asked of any process stops them all."""
+    """Process 0 evaluates the mean policy (--eval-every) and checkpoints (--checkpoint-every; a stop, which stops all)."""
     if run.rank == 0:
         nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
     if run.rank == 0 and crossed(generation, 1, args.eval_every):
@@ -642,30 +636,24 @@ def end_iteration(run: "Run", args: Args, generation: int, global_step: int, pol
             run.log_eval(evaluate(policy, obs_rms, args, run.device, run.video(generation)), global_step)
     stopping = stop_everywhere(run.stop, args.world_size, run.device)  # torchrun: the same answer on every process
     if run.rank == 0 and (crossed(generation, 1, args.checkpoint_every) or stopping):
-        run.checkpoint(
-            model=policy.state_dict(), optimizer=optimizer.state_dict(),
-            obs_rms=obs_rms.state_dict() if obs_rms else None,
-            global_step=global_step, generation=generation, rng=rng_state(run.device),
-        )  # fmt: skip
+        statistics = obs_rms.state_dict() if obs_rms else None
+        run.checkpoint(model=policy.state_dict(), optimizer=optimizer.state_dict(), obs_rms=statistics,
+                       global_step=global_step, generation=generation, rng=rng_state(run.device))  # fmt: skip
     if stopping:
         stop_processes_and_exit(run, f"generation {generation} (step {global_step:,})")
 
 
-def end_run(args: Args, run: "Run", policy: Policy, theta, obs_rms, global_step: int) -> None:
+def end_run(args: Args, run: "Run", policy: Policy, obs_rms, global_step: int) -> None:
     """The processes leave together; process 0 saves the final model, reloads it from disk, evaluates it, and finishes."""
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
-    if args.save_model:  # as a user who loads it: a new policy and statistics, from the file read back
-        nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+    if args.save_model:  # evaluated as a user who loads it: the weights and statistics read back from disk
         state = run.save_and_reload(model=policy.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None)
-        (_, obs_dim), (n_out, _) = policy.layer_shapes()[0], policy.layer_shapes()[-1]
-        eval_policy = Policy(obs_dim, n_out, tuple(state["args"]["hidden_sizes"])).to(run.device)
-        eval_policy.load_state_dict(state["model"])
-        eval_rms = ObsStatistics((obs_dim,), run.device) if state["obs_rms"] is not None else None
-        if eval_rms is not None:
-            eval_rms.load_state_dict(state["obs_rms"])
-        run.log_eval(evaluate(eval_policy, eval_rms, args, run.device, run.video()), global_step, run.model_path)
+        policy.load_state_dict(state["model"])  # (end_iteration put theta into policy)
+        if obs_rms is not None:
+            obs_rms.load_state_dict(state["obs_rms"])
+        run.log_eval(evaluate(policy, obs_rms, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)
     leave(args.world_size)
 
