@@ -76,7 +76,7 @@ class Args:
     capture_video: bool = False
     """write MP4s of the evaluation episodes of env 0 to runs/<run>/videos (envs that can render)"""
     save_model: bool = False
-    """save the final actor to runs/<run>/<algo>.model, then reload it from disk and evaluate it"""
+    """save the final actor to runs/<run>/ddpg_td3.model, then reload it from disk and evaluate it"""
     eval_every: int = 0
     """evaluate the policy on separate envs every this many env steps (0: at the end, with --save-model)"""
     eval_episodes: int = 10
@@ -342,15 +342,12 @@ def main(args: Args) -> None:
     next_valid = np.ones(N, dtype=bool)  # False on the reset step that follows a done
     ep_return, ep_length = np.zeros(N), np.zeros(N, dtype=np.int64)
     losses = LossSums()
-    seconds = dict(env=0.0, acting=0.0, updates=0.0)  # where the training time goes, printed at the end
 
     while global_step < args.total_timesteps:
         # --- act: uniformly random until learning starts, then the actor plus exploration noise ---
         global_step += N
-        with timed(seconds, "acting"):
-            actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
-        with timed(seconds, "env"):
-            next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions), global_step)  # stops on NaN
+        actions = select_actions(act, obs, actor.bounds, explore_rng, global_step <= args.learning_starts)
+        next_obs_np, reward, term, trunc, _ = finite_step(envs.step(actions), global_step)  # stops on NaN
 
         # --- step and store: the reset step of the next-step autoreset (next_valid False) is never written;
         # after a truncation next_obs is the real final observation and terminated stays 0: it bootstraps ---
@@ -360,19 +357,18 @@ def main(args: Args) -> None:
         done = term | trunc
         ep_return += reward
         ep_length += next_valid  # the reset step (reward 0) is no step of an episode
-        run.progress.log_episodes(run.writer, ep_return[done], ep_length[done], global_step)
+        run.log_episodes(ep_return[done], ep_length[done], global_step)
         ep_return[done], ep_length[done] = 0.0, 0
         next_valid = ~done
 
         # --- learn: one gradient step per env step; the TD target inside critic_update, the actor delayed ---
         if global_step > train_from:
-            with timed(seconds, "updates"):
-                for _ in range(N):
-                    critic_updates += 1
-                    batch = rb.sample(args.batch_size)
-                    losses.add(update_critic(batch))
-                    if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
-                        losses.add(update_actor(batch.obs))
+            for _ in range(N):
+                critic_updates += 1
+                batch = rb.sample(args.batch_size)
+                losses.add(update_critic(batch))
+                if critic_updates % args.policy_frequency == 0:  # TD3's delayed actor and target updates
+                    losses.add(update_actor(batch.obs))
 
         # --- logging, when these N steps reach a multiple of --log-every: each loss's mean, one host sync ---
         last = global_step >= args.total_timesteps
@@ -381,18 +377,16 @@ def main(args: Args) -> None:
                 for name, mean in check_training(losses.means(), global_step).items():  # NaN/inf: one line
                     run.writer.add_scalar(f"losses/{name}", mean, global_step)
                 losses = LossSums()
-            run.progress.log(run.writer, global_step, global_step, force=last)
+            run.log(global_step, global_step, force=last)
 
         # --- an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and on Ctrl-C ---
         end_iteration(args, run, envs, nets, rb, explore_rng, global_step, critic_updates)
 
-    # --- end: where the time went; the final actor saved, reloaded from disk and evaluated (--save-model) ---
-    end_run(args, run, envs, actor, critic, global_step, seconds)
+    # --- end: the final actor saved, reloaded from disk and evaluated (--save-model) ---
+    end_run(args, run, envs, actor, critic, global_step)
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery, then the shared run plumbing.
-import contextlib
-import types
 
 CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
@@ -454,14 +448,6 @@ def can_render(env_id: str, backend: str = "auto") -> bool:
         return importlib.util.find_spec("pygame") is not None
     mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
     return not mujoco or bool(os.environ.get("DISPLAY")) or os.environ.get("MUJOCO_GL") in ("egl", "osmesa")
-
-
-@contextlib.contextmanager
-def timed(seconds: dict, part: str):
-    """Adds the time spent inside to seconds[part] (the time split end_run prints)."""
-    start = time.perf_counter()
-    yield
-    seconds[part] += time.perf_counter() - start
 
 
 def bf16_note(device: torch.device) -> str:
@@ -539,93 +525,67 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 
 # --- the set-up and the end of a run, and the state a checkpoint holds ---
-def start_run(args: Args) -> types.SimpleNamespace:
-    """Every check before the run directory is made, then the device, the checkpoint read, the run directory, writer,
-    progress line and stop requests; what main needs."""
+def start_run(args: Args) -> "Run":
+    """Every check, then the device, the checkpoint read and the Run (run directory, writer), with the env's spaces."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    device = seed_and_device(args)
-    small_network_threads(device, True)
+    device = seed_and_device(args, small=True)
     check_storage(storage(args, obs_space, action_space, device))
-    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run_dir = make_run_dir(ckpt["run_name"] if ckpt else new_run_name(args))
-    say_device(device)
+    run = Run(args, load_checkpoint(args.resume, args.env_id) if args.resume else None, device, args.total_timesteps)
     if args.bf16 and (slow := bf16_note(device)):
         print(slow, flush=True)
-    global_step = ckpt["global_step"] if ckpt else 0
-    writer = open_writer(run_dir, args, global_step if ckpt else None)
-    progress = Progress(args, global_step, args.total_timesteps)
-    return types.SimpleNamespace(
-        obs_space=obs_space, action_space=action_space, device=device, ckpt=ckpt, run_dir=run_dir, writer=writer,
-        progress=progress, stop=stop_requests(),
-    )  # fmt: skip
+    run.obs_space, run.action_space = obs_space, action_space
+    return run
 
 
-def restore_run(args: Args, run, nets: dict, explore_rng, rb: ReplayBuffer) -> tuple[int, int, int]:
-    """A resume: the networks and optimisers, the counters, the random states and the replay buffer where the checkpoint
-    has it; returns global_step, critic_updates and the step after which updates start again."""
+def restore_run(args: Args, run: "Run", nets: dict, explore_rng, rb: ReplayBuffer) -> tuple[int, int, int]:
+    """A resume's networks, optimisers, counters, RNG states and saved replay buffer; returns the counters and train_from."""
     ckpt = run.ckpt
     for key, net in nets.items():
         net.load_state_dict(ckpt[key])
     global_step, critic_updates, train_from = ckpt["global_step"], ckpt["critic_updates"], args.learning_starts
-    restore_rng(ckpt["rng"], run.device)
+    rng_state(run.device, restore=ckpt["rng"])
     explore_rng.bit_generator.state = ckpt["rng"]["explore"]
     rb.generator.set_state(ckpt["rng"]["buffer"])
-    saved_buffer = ckpt.pop("replay_buffer")
-    if saved_buffer is not None:
+    if (saved_buffer := ckpt.pop("replay_buffer")) is not None:
         for name in Batch._fields:
             getattr(rb, name).copy_(saved_buffer[name])
         rb.pos, rb.size = saved_buffer["pos"], saved_buffer["size"]
     else:  # the experience is lost: gather learning_starts steps again before the next gradient step
         train_from = global_step + args.learning_starts
     refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps before the next update)"
-    print(f"resumed {run.run_dir} at step {global_step:,}" + ("" if saved_buffer is not None else refill))
+    print(f"resumed {run.dir} at step {global_step:,}" + ("" if saved_buffer is not None else refill))
     return global_step, critic_updates, train_from
 
 
-def end_iteration(args: Args, run, envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
+def end_iteration(args: Args, run: "Run", envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
                              critic_updates: int) -> None:  # fmt: skip
-    """After each step of N envs: an evaluation when it reaches a multiple of --eval-every; runs/<run>/checkpoint.pt
-    (the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states) at a multiple of
-    --checkpoint-every and on a stop request (Ctrl-C, SIGTERM); then the stop."""
+    """After each step of N envs: an evaluation (--eval-every); a checkpoint (--checkpoint-every, and on a stop request:
+    the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states); then the stop."""
     if crossed(global_step, args.num_envs, args.eval_every):
-        with run.progress.paused():
-            video = video_path(args, run.run_dir, global_step)
-            log_eval(run.writer, evaluate(nets["model"], args, run.device, video), global_step)
+        with run.paused():
+            run.log_eval(evaluate(nets["model"], args, run.device, run.video(global_step)), global_step)
     if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
         rng = dict(rng_state(run.device), explore=explore_rng.bit_generator.state, buffer=rb.generator.get_state())
-        buffer = {name: getattr(rb, name) for name in (*Batch._fields, "pos", "size")}
-        save_checkpoint(
-            os.path.join(run.run_dir, "checkpoint.pt"), "checkpoint", args, run.run_dir,
-            **{key: net.state_dict() for key, net in nets.items()},
-            replay_buffer=buffer if args.save_buffer else None,
-            global_step=global_step, critic_updates=critic_updates, rng=rng,
-        )  # fmt: skip
+        buffer = {name: getattr(rb, name) for name in (*Batch._fields, "pos", "size")} if args.save_buffer else None
+        states = {key: net.state_dict() for key, net in nets.items()}
+        run.checkpoint(**states, replay_buffer=buffer, global_step=global_step, critic_updates=critic_updates, rng=rng)
         if run.stop and not args.save_buffer:
             print(f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps")
     if run.stop:
-        stop_and_exit(run.stop, run.writer, envs, args, run.run_dir, f"step {global_step:,}")
+        envs.close()
+        run.stop_and_exit(f"step {global_step:,}")
 
 
-def end_run(args: Args, run: types.SimpleNamespace, envs, actor: Actor, critic: Critics, global_step: int, seconds: dict):
-    """The envs closed, where the training time went (benchmark/ddpg_td3.sh speed prints it); with --save-model the
-    final actor saved, reloaded from disk and evaluated; then the run's end."""
+def end_run(args: Args, run: "Run", envs, actor: Actor, critic: Critics, global_step: int):
+    """The envs closed; with --save-model the final actor saved, reloaded from disk and evaluated; then the run's end."""
     envs.close()
-    train_seconds = max(time.time() - run.progress.start_time - run.progress.paused_seconds, 1e-9)
-    shares = {k: 100 * v / train_seconds for k, v in seconds.items()}
-    print(
-        f"time: env steps {shares['env']:.0f}%, acting {shares['acting']:.0f}%, updates {shares['updates']:.0f}%,"
-        f" replay writes and logging {100 - sum(shares.values()):.0f}%"
-    )
-    if args.save_model:
-        model_path = os.path.join(run.run_dir, f"{args.algo}.model")
-        save_checkpoint(model_path, "model", args, run.run_dir, model=actor.state_dict(), critic=critic.state_dict())
-        state = load_checkpoint(model_path, args.env_id, kind="model")
+    if args.save_model:  # as a user who loads it: a new actor, from the file read back
+        state = run.save_and_reload(model=actor.state_dict(), critic=critic.state_dict())
         eval_actor = Actor(int(np.prod(run.obs_space.shape)), run.action_space, args.hidden_size, args.bf16).to(run.device)
         eval_actor.load_state_dict(state["model"])
-        returns = evaluate(eval_actor, args, run.device, video_path(args, run.run_dir))
-        log_final_eval(run.writer, returns, global_step, model_path)
-    finish(run.writer, run.run_dir, global_step)
+        run.log_eval(evaluate(eval_actor, args, run.device, run.video()), global_step, run.model_path)
+    run.finish(global_step)
 
 
 # ===============================================================================================================
@@ -655,7 +615,6 @@ from torch.utils.tensorboard import SummaryWriter
 
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")  # envpool's float64 bounds
 SCRIPT = os.path.basename(__file__)
-WRITTEN: dict[str, typing.Any] = {}  # the open writers; the checkpoint (path, step) a resume can start from
 
 
 @dataclasses.dataclass
@@ -687,10 +646,6 @@ def fail(message: str):
 def parse_args(argv: list[str] | None = None) -> Args:
     """The command line over the chosen preset's defaults (which --help shows), checked; with --resume, the checkpoint's."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    source = open(__file__).read()  # tyro keeps a field docstring's line breaks, which cut --help's sentences in two
-    for field in dataclasses.fields(Args):
-        if doc := re.search(rf'^    {field.name}: [^\n]*\n    """(.*?)"""', source, re.M | re.S):
-            Args.__annotations__[field.name] = typing.Annotated[field.type, tyro.conf.arg(help=" ".join(doc[1].split()))]
     defaults, captured = preset_defaults(argv), io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):  # --help opens with the docstring's first paragraph
@@ -739,12 +694,11 @@ def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
     """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
-    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
     for i, arg in enumerate(argv):
         key, eq, given = arg.partition("=")
-        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
-            value = given if eq else argv[i + 1]
-    return value
+        if key in (f"--{name.replace('_', '-')}", f"--{name}") and (eq or i + 1 < len(argv) and argv[i + 1][:2] != "--"):
+            default = given if eq else argv[i + 1]
+    return default
 
 
 # The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes. A longer
@@ -766,145 +720,120 @@ def resumed_args(args: Args) -> Args:
         again = f"it would train those steps again into runs/{state['run_name']}, over their events and final model"
         fail(f"{behind}: resumed, {again}; delete {finished} to do that anyway")
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
-        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        value, flag, was = getattr(args, name), f"--{name.replace('_', '-')}", saved[name]
         reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
-        if value == saved[name]:
+        if value == was:
             continue
         if name not in RESUMABLE:
-            keeps = f"differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it learned with"
-            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {saved[name]}), or start a new run without --resume")
+            keeps = f"differs from the checkpoint's {was}, and a resumed run keeps the settings it learned with"
+            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {was}), or start a new run without --resume")
         if reached and value <= (at := state.get(reached[1], -1)):  # the resumed run would stop at once
             fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; "
                  f"pass a {flag} above {at} to extend the run")  # fmt: skip
         if os.environ.get("RANK", "0") == "0":
-            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+            print(f"resuming with {flag} {value} (the checkpoint has {was})", flush=True)
         saved[name] = value
     resumed = Args(**{**{k: v for k, v in saved.items() if k in defaults}, "resume": args.resume})
     resumed.typed, resumed.wandb_id = args.typed, state.get("wandb_id")  # the W&B run a tracked run goes on in
     return resumed
 
 
-def make_run_dir(run_name: str) -> str:
-    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
-    run_dir = os.path.join("runs", run_name)
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
-    return run_dir
-
-
-def new_run_name(args: Args) -> str:
-    return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-
-
-def seed_and_device(args: Args) -> torch.device:
+def seed_and_device(args: Args, small: bool = False) -> torch.device:
+    """Every RNG seeded; the device; one torch thread for a small network on the CPU (a second does not pay its waking)."""
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-
-def small_network_threads(device: torch.device, small: bool) -> None:
-    """One torch thread on the CPU for a small network (an MLP, a Q-table) unless OMP_NUM_THREADS says otherwise: a
-    second thread does not pay for its waking, and one that spins takes most of a busy machine's speed."""
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-
-
-def say_device(device: torch.device, share: str = "") -> None:
-    """A run's first line: where it trains; under torchrun, how many processes on how many machines, each `share`."""
-    threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
-    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
-    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
+    return device
 
 
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
-    """The run's big stores (a rollout, a replay buffer, a phase's frames), each named with the flags that size it, as
-    (bytes, device, fix): one that needs over 0.9 of its device's free memory is refused before anything starts."""
+    """The big stores, {name with its flags: (bytes, device, fix)}: one over 0.9 of its device's free memory is refused."""
     for name, (size, device, fix) in stores.items():
         if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
+            free, memory = torch.cuda.mem_get_info(device)[0], "GPU memory"
         else:
             with open("/proc/meminfo") as f:
-                free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+                free, memory = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), "memory"
         if size > 0.9 * free:
-            memory = "GPU memory" if device.type == "cuda" else "memory"
             fail(f"{name} needs {size / 2**30:.3g} GiB and this machine has {free / 2**30:.3g} GiB of {memory} free; {fix}")
 
 
-def rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device, restore: dict | None = None) -> dict:
+    """This process's RNG states, for a checkpoint; with restore, those of a checkpoint put back first."""
+    if restore is not None:
+        random.setstate(restore["python"])
+        np.random.set_state(restore["numpy"])
+        torch.set_rng_state(restore["torch"])
+        if device.type == "cuda" and restore["cuda"] is not None:
+            torch.cuda.set_rng_state_all(restore["cuda"])
     cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
 
 
-def restore_rng(rng: dict, device: torch.device) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if device.type == "cuda" and rng["cuda"] is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+class Run:
+    """A run's stop requests (run.stop) and what it writes, process 0 alone under torchrun: runs/<run>, made once every
+    check has passed; its tensorboard events (with --track, mirrored to W&B); the progress line; checkpoints; the final
+    model; evaluations; videos; the end. A run started by a checkpoint (ckpt) goes on in its directory, from its step."""
 
+    last: "Run | None" = None  # the run in progress, whose events a run that stops in error closes (run_main)
+    kept: tuple[str | None, int | None] = (None, None)  # the checkpoint (path, step) a resume can start from
 
-def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
-    """Tensorboard events in run_dir; with --track, first a W&B run named as the run directory (or the resumed one) that
-    mirrors them; W&B's files stay in ./wandb (in runs/ they would show as a run)."""
-    if args.track:
-        import wandb
-
+    def __init__(self, args: Args, ckpt: dict | None, device: torch.device, total: int, unit="step", done=None, share=""):
+        self.args, self.device, self.total, self.unit, self.ckpt, Run.last = args, device, total, unit, ckpt, self
+        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), stop_requests(), None
+        step = ckpt["global_step"] if ckpt else 0
+        self.start_step, self.start_done = step, step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print, self.recent_returns = time.time(), 0.0, 0.0, []
+        name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.dir = os.path.join("runs", ckpt["run_name"] if ckpt else name)
+        if self.rank != 0:
+            return
         try:
-            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=os.path.basename(run_dir),
-                             tags=list(args.wandb_tags) or None, id=getattr(args, "wandb_id", None), resume="allow",
-                             config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)  # fmt: skip
-        except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
-            if not os.listdir(run_dir) and not args.resume:
-                os.removedirs(run_dir)  # and runs/, if this was its only run
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
-        args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
-    WRITTEN.setdefault("writers", []).append(writer)  # closed, so flushed, by a run that stops on a NaN (run_main)
-    if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        where = f" in each of {world} processes, each {share}" if world > 1 else ""
+        print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
+        if args.track:  # a W&B run named as the run directory (or the resumed one); its files stay in ./wandb
+            import wandb
 
+            try:
+                run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, resume="allow",
+                                 name=os.path.basename(self.dir), tags=list(args.wandb_tags) or None,
+                                 id=getattr(args, "wandb_id", None), config=dataclasses.asdict(args),
+                                 sync_tensorboard=True, save_code=True)  # fmt: skip
+            except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
+                if not os.listdir(self.dir) and not args.resume:
+                    os.removedirs(self.dir)  # and runs/, if this was its only run
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
+            args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
+        # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
+        self.writer = SummaryWriter(self.dir, purge_step=step + 1 if ckpt else None)
+        if not ckpt:
+            table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-def close_writer(writer: SummaryWriter) -> None:
-    """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
-    writer.close()
-    if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
-        wandb.finish()
-
-
-class Progress:
-    """Finished episodes (one point each), steps per second over training time, and a line every --progress-interval s."""
-
-    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
-        self.interval, self.total, self.unit = args.progress_interval, total, unit
-        self.start_step, self.start_done = global_step, global_step if done is None else done
-        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
-        self.recent_returns: list[float] = []
-
-    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+    def log_episodes(self, returns, lengths, global_step: int) -> None:
         for episodic_return, length in zip(returns, lengths, strict=True):
-            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            self.writer.add_scalar("charts/episodic_length", length, global_step)
             self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
 
-    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
-        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+    def log(self, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS (over training time), and every --progress-interval s `<unit> done/total (%) | SPS | return | ETA`."""
         seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
         sps = int((global_step - self.start_step) / seconds)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        if force or time.time() - self.last_print > self.interval:
-            self.last_print = time.time()
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.args.progress_interval:
+            self.last_print, mean = time.time(), f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
             eta = seconds / max(done - self.start_done, 1) * (self.total - done)
-            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
             line = f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,}"
             line += f" | return {mean} (last {len(self.recent_returns)} episodes){extra}"
             print(f"{line} | ETA {int(eta // 60)}m{int(eta % 60):02d}s", flush=True)
@@ -917,17 +846,55 @@ class Progress:
         yield
         self.paused_seconds += time.time() - start
 
+    def checkpoint(self, **state) -> None:
+        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), "checkpoint", self.args, self.dir, **state)
+
+    def save_and_reload(self, **state) -> dict:
+        """--save-model: the final model written, then read back from disk, as a user who loads it reads it."""
+        self.model_path = os.path.join(self.dir, f"{SCRIPT[:-3]}.model")
+        save_checkpoint(self.model_path, "model", self.args, self.dir, **state)
+        return load_checkpoint(self.model_path, self.args.env_id, kind="model")
+
+    def video(self, at: int | None = None) -> str | None:
+        """The path of the video of an evaluation at step `at` (None: the final one); None without --capture-video."""
+        return os.path.join(self.dir, "videos", f"eval_{at}.mp4" if at else "final.mp4") if self.args.capture_video else None
+
+    def log_eval(self, returns: np.ndarray, global_step: int, model_path: str | None = None) -> None:
+        """An evaluation's mean at its step; the reloaded final model's (model_path): one point per episode, at the last."""
+        for value in returns if model_path else [np.mean(returns)]:
+            self.writer.add_scalar("eval/episodic_return", float(value), global_step)
+        episodes = f"over {len(returns)} episode{'s' * (len(returns) > 1)}"
+        if model_path is None:
+            print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} {episodes}", flush=True)
+        else:
+            print(f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} {episodes}")
+            print(f"model: {model_path}")
+
+    def close(self) -> None:
+        """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
+        self.writer.close()
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
+            wandb.finish()
+
+    def stop_and_exit(self, where: str) -> typing.NoReturn:
+        """A stop request's end, once its checkpoint is written: the events closed, the command that resumes the run."""
+        self.close()
+        print(f"stopped at {where}; resume with: {resume_command(self.args, self.dir)}", flush=True)
+        sys.exit(128 + self.stop[0])
+
+    def finish(self, global_step: int) -> None:
+        """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
+        self.close()
+        with contextlib.suppress(OSError), open(os.path.join(self.dir, "finished"), "w") as f:
+            f.write(f"{global_step}\n")
+        print(f"tensorboard logs: {self.dir}   (view with: tensorboard --logdir runs)")
+
 
 def stop_requests() -> list[int]:
     """Ctrl-C or SIGTERM: checkpoint and exit at the loop's next boundary (the list gets the signal); a second kills now."""
     stop: list[int] = []
-
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _: (stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
     return stop
 
 
@@ -937,8 +904,7 @@ def crossed(count: int, advanced: int, every: int) -> bool:
 
 
 def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
-    """A checkpoint.pt (for --resume) or a final model, marked with what load_checkpoint checks; written to a .tmp, then
-    renamed, so that a kill during the write never leaves a broken one."""
+    """A checkpoint.pt or a final model, marked for load_checkpoint; written to a .tmp, renamed: no kill leaves it broken."""
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir))
     marks.update(format=CHECKPOINT_FORMAT, fields=sorted(state), wandb_id=getattr(args, "wandb_id", None))
     if (bad := non_finite(state)) is not None:  # the backstop: the loop's own checks stop a run before this
@@ -952,7 +918,7 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
             os.remove(f"{path}.tmp")
         cannot_write(path, error, args)
     if kind == "checkpoint":
-        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+        Run.kept = (path, state.get("global_step"))
 
 
 def non_finite(state, name: str = "") -> str | None:
@@ -974,41 +940,42 @@ UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EACCE
 
 
 def run_main(main, args) -> None:
-    """main(args); a write that fails for want of room or rights, or a NaN or inf, ends the run in one line instead of a
-    traceback from deep in a library, the events written up to it kept (the events' thread says its error at the next)."""
+    """main(args); a NaN or inf, or a write that fails for want of room or rights, ends the run in one line (no traceback)."""
     threading.excepthook = lambda hook: getattr(hook.exc_value, "errno", 0) in UNWRITABLE or threading.__excepthook__(hook)
     try:
         main(args)
     except NonFinite as error:
-        for writer in WRITTEN.get("writers", ()):
-            writer.close()
-        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except OSError as error:
+        if Run.last is not None and Run.last.writer is not None:
+            Run.last.writer.close()  # the events up to it kept
+        end_in_error(str(error), args)
+    except OSError as error:  # (the events' thread says its own at the next write)
         if error.errno not in UNWRITABLE:
             raise
-        folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
+        folder = os.path.dirname(Run.kept[0]) if Run.kept[0] else "the run directory"
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
 def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
-    """A file of the run that could not be written ends it in one line: the file, the cause, the checkpoint left."""
-    folder = os.path.dirname(path) or "."
     cause = getattr(error, "strerror", None) or str(error).strip().splitlines()[0][:200]
-    if isinstance(error, RuntimeError) and os.path.isdir(folder) and shutil.disk_usage(folder).free < 1 << 20:
-        cause = "No space left on device"  # torch's zip writer on a full disk says only "unexpected pos"
-    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    if isinstance(error, RuntimeError) and os.path.isdir(os.path.dirname(path) or "."):
+        if shutil.disk_usage(os.path.dirname(path) or ".").free < 1 << 20:  # torch's zip writer says "unexpected pos"
+            cause = "No space left on device"
+    end_in_error(f"cannot write {path}: {cause}", args)
 
 
-def kept_checkpoint(args) -> str:
-    kept, step = WRITTEN.get("checkpoint", (None, None))
+def end_in_error(what: str, args) -> typing.NoReturn:
+    """A run that cannot go on says so in one line, with the checkpoint it left to resume from, and exits 1."""
+    kept, step = Run.kept
     if os.environ.get("RANK", "0") != "0":
-        return "process 0 writes the run's checkpoints"
-    if kept is None or not os.path.exists(kept):
-        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
-    at = f" (step {step:,})" if step is not None else ""
-    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
+        left = "process 0 writes the run's checkpoints"
+    elif kept is None or not os.path.exists(kept):
+        left = "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    else:
+        at = f" (step {step:,})" if step is not None else ""
+        resume = resume_command(args, os.path.dirname(kept))
+        left = f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume}"
+    print(f"{SCRIPT}: error: {what}; {left}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def resume_command(args, run_dir: str) -> str:
@@ -1018,8 +985,7 @@ def resume_command(args, run_dir: str) -> str:
 
 
 def finite_step(out: tuple, global_step: int) -> tuple:
-    """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
-    anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
+    """A vector env's step once its rewards and observations are finite (as SB3's VecCheckNan), at one sum per array."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
         if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not (ok := np.isfinite(x)).all():
             rows = ok.reshape(len(x), -1).all(axis=1)  # (an overflowing sum of finite values passes)
@@ -1081,19 +1047,8 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     if state["args"]["env_id"] != env_id:
         fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
     if kind == "checkpoint":  # the one a failed write names
-        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+        Run.kept = (path, state.get("global_step"))
     return state
-
-
-def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
-    close_writer(writer)
-    envs.close()
-    print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)
-    sys.exit(128 + stop[0])
-
-
-def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
-    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
 
 
 def write_video(path: str | None, frames: list) -> None:
@@ -1109,30 +1064,8 @@ def write_video(path: str | None, frames: list) -> None:
             with contextlib.suppress(OSError):
                 os.remove(path)  # no video cut short
             return
-        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, uploaded beside the scalars
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
-
-
-def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
-
-
-def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
-    """The model reloaded from disk: one eval/episodic_return point per episode, at the last step (log_eval: the mean)."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    mean_std = f"{np.mean(returns):.1f} +- {np.std(returns):.1f}"
-    print(f"evaluation of {model_path}: mean return {mean_std} over {len(returns)} episodes")
-    print(f"model: {model_path}")
-
-
-def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
-    """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
-    close_writer(writer)
-    with contextlib.suppress(OSError), open(os.path.join(run_dir, "finished"), "w") as f:
-        f.write(f"{global_step}\n")
-    print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 
 def envpool_has(env_id: str) -> bool:

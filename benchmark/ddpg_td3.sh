@@ -29,7 +29,7 @@
 #   pendulum: TD3 and DDPG on Pendulum-v1 with the classic preset (15k steps, 64-64 MLPs), 3 seeds: about a minute
 #             a run on a 2-core CPU (TD3 reaches -250 by 7-9k steps, tests/test_ddpg_td3.py).
 #   speed:    SPS on Hopper-v4 once learning has started (1 env, batch 256, 256-256 MLPs; 256 random steps, then
-#             4,744 gradient steps) and the time split (env steps / acting / updates / the rest), 1 thread and 2.
+#             4,744 gradient steps), 1 thread and 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-td3}"

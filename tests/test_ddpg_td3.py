@@ -203,12 +203,12 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path):
     proc = run_algorithm("ddpg_td3", "--env-id", env_id, "--save-model", *TINY, *flags, cwd=tmp_path, env=ONE_THREAD)
     run = only_run(tmp_path)
     algo = "ddpg" if "ddpg" in flags else "td3"
-    assert f"model: {run.relative_to(tmp_path) / f'{algo}.model'}" in proc.stdout
+    assert f"model: {run.relative_to(tmp_path) / 'ddpg_td3.model'}" in proc.stdout
     assert "tensorboard logs:" in proc.stdout.splitlines()[-1]
     expected = TAGS - {"losses/qf2_loss"} if algo == "ddpg" else TAGS
     assert expected <= set(scalars(run))
     assert ("losses/qf2_loss" in scalars(run)) == (algo == "td3")
-    model = load_file(run / f"{algo}.model")
+    model = load_file(run / "ddpg_td3.model")
     assert model["args"]["env_id"] == env_id and model["args"]["algo"] == algo
     if "--eval-every" in flags:  # two periodic evaluations (their means), then the final one's two episodes
         assert [step for step, _, _ in scalars(run)["eval/episodic_return"]] == [400, 800, 800, 800]

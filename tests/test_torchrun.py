@@ -281,7 +281,7 @@ def test_two_processes_learn_cartpole_as_one_process_does(tmp_path, script, budg
         ("ppg_procgen", ["--compile"], r"--compile runs in one process.*leave out --compile"),
         ("ppg_procgen", ["--num-envs", "4", "--num-steps", "3"], r"4 envs \(2 in each of 2 processes\) x 3 steps"),
         ("dqn", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
-        ("ddpg_td3", [], r"one replay buffer in one process, and torchrun started 2; run it with python"),
+        ("ddpg_td3", [], r"one learner from one replay buffer, and torchrun started 2 processes; run it with python"),
         ("qlearning", [], r"one table updated step by step in one process, and torchrun started 2"),
     ],
 )

@@ -32,8 +32,8 @@ CEILING = {
     "ppg_procgen": dict(total=1572, machinery=484, shared=513),
     "rnd_ppo": dict(total=1540, machinery=400, shared=486),
     "dqn": dict(total=1114, machinery=269, shared=486),
-    "ddpg_td3": dict(total=1143, machinery=238, shared=513),
-    "es": dict(total=1180, machinery=312, shared=513),
+    "ddpg_td3": dict(total=1076, machinery=202, shared=486),
+    "es": dict(total=1125, machinery=286, shared=486),
     "qlearning": dict(total=999, machinery=269, shared=486),
 }
 
