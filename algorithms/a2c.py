@@ -637,8 +637,7 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 def restore_run(args: Args, run: "Run", agent, optimizer, obs_rms, return_rms) -> tuple[int, int]:
     """--resume: weights, the optimiser's state, the statistics and this process's RNG states from the checkpoint.
     Returns the step and the iteration to go on from (0 and 1 for a new run)."""
-    ckpt = run.ckpt
-    if ckpt is None:
+    if (ckpt := run.ckpt) is None:
         return 0, 1
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
@@ -855,9 +854,8 @@ def stop_processes_and_exit(run: "Run", where: str):
 
 # --- what main calls: start_run, end_iteration (logging, evaluation, checkpoint, stop), end_run ---
 def start_run(args: Args) -> "Run":
-    """Everything before the networks: every check before the run directory is made; under torchrun, one process per
-    share of the envs; the device, the storage check, the checkpoint read; then the Run (on process 0 only, the one that
-    writes logs, checkpoints and models, the run directory and the writer) and this process's envs."""
+    """Everything before the networks: every check before anything is written; under torchrun, one process per share of
+    the envs; the device, the storage check, the checkpoint read; then the Run, and this process's envs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -868,68 +866,58 @@ def start_run(args: Args) -> "Run":
         process_rng(ckpt, rank, args.world_size)
     n = args.num_envs // args.world_size
     run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {n} of the {args.num_envs} envs")
-    if rank == 0:
-        if note:
-            print(note, flush=True)
-        if args.bf16 and (slow := bf16_note(device)):
-            print(slow, flush=True)
+    for line in (note, args.bf16 and bf16_note(device)):
+        if line and rank == 0:
+            print(line, flush=True)
     # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
     backend = pick_backend(args.env_id, args.num_envs, args.env_backend)
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
     run.envs, run.is_atari = make_env(args.env_id, n, seed, args.episodic_life, args.reward_clip, backend)
     run.obs_space, run.action_space = obs_space, action_space
-    run.loss_sums, run.updates, run.finished = {}, 0, []  # end_iteration's, since its last log
+    run.loss_sums, run.updates, run.finished = 0.0, 0, []  # end_iteration's, since its last log
     return run
 
 
 def end_iteration(args: Args, run: "Run", nets: tuple, finished: list, stats: dict, batch: dict, lr, global_step: int,
                   iteration: int) -> None:  # fmt: skip
-    """After each update: the loss terms summed, and checked with the weights for a NaN or inf by process 0 in one host
-    sync (a rollout from such weights would fail deep in the sampling); every --log-interval iterations, at the last
-    and on a stop request, process 0 logs every process's episodes, the mean loss terms, the explained variance of
-    `batch`'s values, the learning rate; then evaluation, checkpoint, and the stop (`nets`: write_checkpoint's)."""
-    agent, _, obs_rms, _ = nets
-    run.loss_sums = {name: run.loss_sums.get(name, 0.0) + value for name, value in stats.items()}
-    run.updates += 1
-    run.finished += finished
+    """After each update: the loss terms summed and, with the weights, checked for a NaN or inf by process 0 in one host
+    sync (a rollout from such weights would fail deep in the sampling); every --log-interval iterations, at the last and
+    on a stop, process 0 logs every process's episodes, the mean losses, the explained variance, the learning rate; then
+    evaluation, the checkpoint of `nets` (agent, optimizer, obs_rms, return_rms) and every process's RNG states, the stop."""
+    agent, optimizer, obs_rms, return_rms = nets
+    run.loss_sums = run.loss_sums + torch.stack(list(stats.values()))
+    run.updates, run.finished = run.updates + 1, run.finished + finished
     if run.rank == 0:
-        *sums, total = torch.cat([torch.stack(list(run.loss_sums.values())), parameter_sum(agent)]).tolist()
-        check_training({**dict(zip(run.loss_sums, sums, strict=True)), "parameter sum": total}, global_step)
+        *sums, total = torch.cat([run.loss_sums, parameter_sum(agent)]).tolist()
+        check_training({**dict(zip(stats, sums, strict=True)), "parameter sum": total}, global_step)
     stopping = stop_everywhere(run.stop, args.world_size, run.device)
     if iteration % args.log_interval == 0 or iteration == args.num_iterations or stopping:
         episodes = gather_episodes(run.finished, args.world_size)
         if run.rank == 0:
             explained = explained_variance(batch["values"], batch["returns"], batch["valid"]).reshape(1)
-            means = torch.cat([torch.stack(list(run.loss_sums.values())) / run.updates, explained]).tolist()
             for step, ended_returns, ended_lengths in episodes:
                 run.log_episodes(ended_returns, ended_lengths, step)
-            for name, value in zip((*run.loss_sums, "explained_variance"), means, strict=True):
+            means = torch.cat([run.loss_sums / run.updates, explained]).tolist()
+            for name, value in zip((*stats, "explained_variance"), means, strict=True):
                 run.writer.add_scalar(f"losses/{name}", value, global_step)
             run.writer.add_scalar("charts/learning_rate", lr, global_step)
             run.log(global_step, global_step, force=iteration == args.num_iterations)
-        run.loss_sums, run.updates, run.finished = {}, 0, []
+        run.loss_sums, run.updates, run.finished = 0.0, 0, []
     if run.rank == 0 and crossed(global_step, args.batch_size, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(agent, obs_rms, args, run.device, run.video(global_step)), global_step)
     if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-        write_checkpoint(args, run, nets, global_step, iteration)
+        rngs = gather_objects(rng_state(run.device), args.world_size)
+        if run.rank == 0:
+            run.checkpoint(
+                model=agent.state_dict(), optimizer=optimizer.state_dict(),
+                obs_rms=obs_rms.state_dict() if obs_rms else None,
+                return_rms=return_rms.state_dict() if return_rms else None,
+                global_step=global_step, iteration=iteration, rng=rngs,
+            )  # fmt: skip
     if stopping:
         run.envs.close()
         stop_processes_and_exit(run, f"step {global_step:,}")
-
-
-def write_checkpoint(args: Args, run: "Run", nets: tuple, global_step: int, iteration: int) -> None:
-    """checkpoint.pt, written by process 0: `nets` (agent, optimiser, observation and reward statistics) and every
-    process's RNG states, each process to resume its own."""
-    agent, optimizer, obs_rms, return_rms = nets
-    rngs = gather_objects(rng_state(run.device), args.world_size)
-    if run.rank == 0:
-        run.checkpoint(
-            model=agent.state_dict(), optimizer=optimizer.state_dict(),
-            obs_rms=obs_rms.state_dict() if obs_rms else None,
-            return_rms=return_rms.state_dict() if return_rms else None,
-            global_step=global_step, iteration=iteration, rng=rngs,
-        )  # fmt: skip
 
 
 def end_run(args: Args, run: "Run", agent: Agent, obs_rms, global_step: int) -> None:
