@@ -687,12 +687,11 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
         (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), on_cpu, "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
     if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
         fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
-    if args.cudagraphs and on_cpu:  # a resumed checkpoint's (a typed one is refused above)
+    if on_cpu and (args.cudagraphs or "cudagraphs" in getattr(args, "typed", ())):  # typed (any value), or a checkpoint's
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     if args.rnn != "none" and args.compile:  # spans of a new length every rollout: a new compile each
