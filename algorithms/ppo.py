@@ -575,8 +575,7 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
 
 
 def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, render=False, frame_stack=4):
-    """A vector env with next-step autoreset (the loop masks the reset step out), and whether it is envpool's Atari
-    (which stacks the latest `frame_stack` frames)."""
+    """A vector env with next-step autoreset (the loop masks the reset step out), and whether it is envpool's Atari."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
         atari = dict(episodic_life=episodic_life, reward_clip=reward_clip, stack_num=frame_stack) if atari_id(env_id) else {}
@@ -629,7 +628,7 @@ def bf16_note(device: torch.device) -> str:
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
 
-# Evaluation, resume, final model, storage and argument checks of this algorithm
+# Evaluation, resume, storage and argument checks of this algorithm
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
     """One full episode per eval env (raw score, no life loss or clipping, statistics frozen): the returns; video: env 0's."""
     seed, render = args.seed + 100_000, video is not None
@@ -883,8 +882,7 @@ def stop_processes_and_exit(run: "Run", where: str):
 
 # A run's start and end, as main calls them
 def start_run(args: Args) -> "Run":
-    """Every check before the run directory is made; under torchrun, one process per share of the envs; the device, the
-    storage check, the checkpoint read; the run directory and writer (process 0 only); this process's envs."""
+    """Every check before the run directory is made; then this process (torchrun: its share), the run and its envs."""
     obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -916,9 +914,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rollout: dict, lr, global_step, iteration):
-    """Process 0 logs every process's finished episodes (one exchange), the mean losses, the explained variance, the
-    learning rate and the progress line (one host sync), and evaluates with --eval-every; then, with --checkpoint-every
-    or a stop request, every process's RNG states go into process 0's checkpoint, and a stop request ends the run."""
+    """Process 0 logs every process's episodes, the losses (one host sync) and the progress line, and evaluates; then the
+    checkpoint, with every process's RNG states (--checkpoint-every, or a stop request, which then ends the run)."""
     agent, optimizer, obs_rms, return_rms = nets
     episodes = gather_episodes(finished, args.world_size)
     if run.rank == 0:
@@ -946,8 +943,7 @@ def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rol
 
 
 def end_run(args: Args, run: "Run", agent, obs_rms, global_step: int) -> None:
-    """The envs closed and the process group left together; then process 0 alone saves the final model, reloads it from
-    disk and evaluates it with frozen statistics (--save-model), and closes the writer."""
+    """The envs closed, the processes left together; process 0 saves, reloads and evaluates the final model (--save-model)."""
     run.envs.close()
     end_processes(args.world_size)
     if run.rank != 0:
