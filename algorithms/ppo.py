@@ -477,52 +477,43 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-# ===============================================================================================================
-# This file's machinery: presets, envs, evaluation, checks, torchrun helpers, and what main calls by name
-# ===============================================================================================================
-import os
 import signal
 import sys
 import traceback
 
 import torch.distributed as dist
-from torch.utils.tensorboard import SummaryWriter
 
-# The layout of this file's checkpoints and models: raised when a field changes, so that --resume refuses another in one line
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 2  # the layout of checkpoints and models: raised when a field changes, so --resume refuses another
+NETS = ("model", "optimizer", "obs_rms", "return_rms")  # the states a checkpoint holds of the nets main hands end_iteration
 
-# The interval of every numeric flag; parse_args checks them before anything else happens
-RANGES = dict(
-    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
-    progress_interval="[0, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)", num_envs="[1, inf)",
-    num_steps="[1, inf)", gamma="[0, 1]", gae_lambda="[0, 1]", num_minibatches="[1, inf)", update_epochs="[1, inf)",
-    clip_coef="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="(0, inf)", target_kl="(0, inf)",
-    frame_stack="[1, inf)", rnn_size="[1, 16384]",
+RANGES = dict(  # every numeric flag's interval, checked before anything else happens
+    seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)", total_timesteps="[1, inf)",
+    progress_interval="[0, inf)", learning_rate="(0, inf)", num_envs="[1, inf)", num_steps="[1, inf)", gamma="[0, 1]",
+    gae_lambda="[0, 1]", num_minibatches="[1, inf)", update_epochs="[1, inf)", clip_coef="(0, inf)", ent_coef="[0, inf)",
+    vf_coef="[0, inf)", max_grad_norm="(0, inf)", target_kl="(0, inf)", frame_stack="[1, inf)", rnn_size="[1, 16384]",
 )  # fmt: skip
 
 # CleanRL's ppo.py, ppo_atari_envpool.py and ppo_continuous_action.py (benchmark/ppo.sh); a typed flag wins over them
-PRESETS = {
-    "classic": dict(),
-    "atari": dict(total_timesteps=10_000_000, num_envs=8, clip_coef=0.1),
-    "mujoco": dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32,
-                   update_epochs=10, ent_coef=0.0, norm_obs=True, norm_reward=True),
-}  # fmt: skip
-# --rnn on top (docs/ppo.md): classic, rl-baselines3-zoo's ppo_lstm.yml for CartPoleNoVel-v1 (its clip range not
-# annealed, a 64-unit LSTM); atari, CleanRL's ppo_atari_lstm.py (one frame per observation, a 128-unit LSTM)
-RNN_PRESETS = {
-    "classic": dict(num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20, learning_rate=1e-3, gamma=0.98,
-                    gae_lambda=0.8, ent_coef=0.0, norm_obs=True, rnn_size=64),
-    "atari": dict(frame_stack=1),
-}  # fmt: skip
+PRESETS = dict(
+    classic=dict(),
+    atari=dict(total_timesteps=10_000_000, num_envs=8, clip_coef=0.1),
+    mujoco=dict(total_timesteps=1_000_000, learning_rate=3e-4, num_envs=1, num_steps=2048, num_minibatches=32,
+                update_epochs=10, ent_coef=0.0, norm_obs=True, norm_reward=True),
+)  # fmt: skip
+# --rnn on top (docs/ppo.md): classic, rl-baselines3-zoo's ppo_lstm.yml (CartPoleNoVel-v1); atari, CleanRL's ppo_atari_lstm.py
+RNN_PRESETS = dict(
+    classic=dict(num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20, learning_rate=1e-3, gamma=0.98,
+                 gae_lambda=0.8, ent_coef=0.0, norm_obs=True, rnn_size=64),
+    atari=dict(frame_stack=1),
+)  # fmt: skip
 
 
 def preset_defaults(argv: list[str]) -> Args:
     """The defaults of the preset the command line asks for (auto: from the env's spaces), RNN_PRESETS on top with --rnn."""
     env_id, preset = flag_value(argv, "env_id", Args.env_id), flag_value(argv, "preset", Args.preset)
     if preset == "auto":
-        obs_space, action_space = env_spaces(env_id)
-        image = len(obs_space.shape or ()) == 3
-        preset = "atari" if image else "mujoco" if isinstance(action_space, gym.spaces.Box) else "classic"
+        obs, act = env_spaces(env_id)
+        preset = "atari" if len(obs.shape or ()) == 3 else "mujoco" if isinstance(act, gym.spaces.Box) else "classic"
     recurrent = RNN_PRESETS.get(preset, {}) if flag_value(argv, "rnn", Args.rnn) != "none" else {}
     return Args(env_id=env_id, **{**PRESETS.get(preset, {}), **recurrent})
 
@@ -570,16 +561,13 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
 
 
 def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, render=False, frame_stack=4):
-    """(envs, is_atari): a vector env that autoresets on the next step (a done step's successor ignores its action and
-    returns reward 0 and the first observation; the loop masks it out); Atari stacks the latest `frame_stack` frames."""
+    """A vector env with next-step autoreset (the loop masks the reset step out), and whether it is envpool's Atari."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
-        is_atari = atari_id(env_id)
-        atari_kwargs = dict(episodic_life=episodic_life, reward_clip=reward_clip, stack_num=frame_stack) if is_atari else {}
-        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari_kwargs, **render_kwargs)
-        return envs, is_atari
-    next_step = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)  # gymnasium 1.x, as envpool
-    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=next_step, **render_kwargs)
+        atari = dict(episodic_life=episodic_life, reward_clip=reward_clip, stack_num=frame_stack) if atari_id(env_id) else {}
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **atari, **render_kwargs), bool(atari)
+    autoreset = dict(autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)  # gymnasium 1.x's, as envpool's
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", vector_kwargs=autoreset, **render_kwargs)
     envs.reset(seed=seed)
     return envs, False
 
@@ -621,7 +609,7 @@ def bf16_note(device: torch.device) -> str:
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
 
-# Evaluation, resume, final model, storage and argument checks of this algorithm
+# Evaluation, resume, storage and argument checks of this algorithm
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
     """One full episode per eval env (raw score, no life loss or clipping, statistics frozen): the returns; video: env 0's."""
     seed, render = args.seed + 100_000, video is not None
@@ -647,16 +635,12 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 
 
 def restore_run(args: Args, run: "Run", agent, optimizer, obs_rms, return_rms) -> tuple[int, int]:
-    """--resume: weights, Adam's moments, the statistics and this process's RNG states from the checkpoint. Returns the
-    step and the iteration to go on from (0 and 1 for a new run)."""
-    ckpt = run.ckpt
-    if ckpt is None:
+    """--resume: weights, Adam's moments, statistics and this process's RNGs put back; the step and iteration to go on from."""
+    if (ckpt := run.ckpt) is None:
         return 0, 1
-    agent.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
-        if rms is not None:
-            rms.load_state_dict(ckpt[key])
+    for key, net in zip(NETS, (agent, optimizer, obs_rms, return_rms), strict=True):
+        if net is not None:  # the statistics: with --norm-obs and --norm-reward
+            net.load_state_dict(ckpt[key])
     rng_state(run.device, restore=process_rng(ckpt, run.rank, args.world_size))
     if run.rank == 0:
         print(f"resumed {run.dir} at step {ckpt['global_step']:,}")
@@ -862,10 +846,7 @@ def stop_processes_and_exit(run: "Run", where: str):
 
 # A run's start and end, as main calls them
 def start_run(args: Args) -> "Run":
-    """Everything before the networks: every check before the run directory is made; under torchrun, one process per
-    share of the envs; the device, the storage check, the checkpoint read; then, on process 0 only (the one that writes
-    logs, checkpoints and models), the run directory and the writer; this process's envs, the progress line and the
-    stop requests."""
+    """Every check before the run directory is made; then this process (torchrun: its share), the run and its envs."""
     obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -876,11 +857,9 @@ def start_run(args: Args) -> "Run":
         process_rng(ckpt, rank, args.world_size)
     n = args.num_envs // args.world_size
     run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {n} of the {args.num_envs} envs")
-    if rank == 0:
-        if note:
-            print(note, flush=True)
-        if args.bf16 and (slow := bf16_note(device)):
-            print(slow, flush=True)
+    for line in (note, args.bf16 and bf16_note(device)):
+        if line and rank == 0:
+            print(line, flush=True)
     # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
     backend = pick_backend(args.env_id, args.num_envs, args.env_backend)
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
@@ -891,20 +870,6 @@ def start_run(args: Args) -> "Run":
     return run
 
 
-def write_checkpoint(args: Args, run: "Run", nets: tuple, global_step: int, iteration: int) -> None:
-    """checkpoint.pt, written by process 0: `nets` (agent, optimiser, observation and reward statistics) and every
-    process's RNG states, each process to resume its own."""
-    agent, optimizer, obs_rms, return_rms = nets
-    rngs = gather_objects(rng_state(run.device), args.world_size)
-    if run.rank == 0:
-        run.checkpoint(
-            model=agent.state_dict(), optimizer=optimizer.state_dict(),
-            obs_rms=obs_rms.state_dict() if obs_rms else None,
-            return_rms=return_rms.state_dict() if return_rms else None,
-            global_step=global_step, iteration=iteration, rng=rngs,
-        )  # fmt: skip
-
-
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     resid = returns - values
@@ -913,16 +878,12 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rollout: dict, lr, global_step, iteration):
-    """The end of an iteration. Process 0 logs every process's finished episodes at the steps they ended (one
-    exchange), the update's mean loss terms, the explained variance of the rollout's values, the learning rate and
-    the progress line (one host sync), then evaluates with --eval-every (the progress line paused). Every process
-    then takes the checkpoint (--checkpoint-every, or a stop request) and, on a stop request (Ctrl-C, SIGTERM), closes
-    its envs and leaves. `nets`: the agent, its optimiser, the observation and reward statistics."""
-    agent, _, obs_rms, _ = nets
+    """Process 0 logs every process's episodes, the losses (one host sync) and the progress line, and evaluates; then the
+    checkpoint, with every process's RNG states (--checkpoint-every, or a stop request, which then ends the run)."""
+    agent, optimizer, obs_rms, return_rms = nets
     episodes = gather_episodes(finished, args.world_size)
     if run.rank == 0:
-        flat = (rollout[name].flatten() for name in ("values", "returns", "valid"))
-        explained = explained_variance(*flat).reshape(1)
+        explained = explained_variance(*(rollout[name].flatten() for name in ("values", "returns", "valid"))).reshape(1)
         *losses, ev, total = torch.cat([torch.stack(list(stats.values())), explained, parameter_sum(agent)]).tolist()
         for step, ended_returns, ended_lengths in episodes:
             run.log_episodes(ended_returns, ended_lengths, step)
@@ -936,15 +897,17 @@ def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rol
                 run.log_eval(evaluate(agent, obs_rms, args, run.device, run.video(global_step)), global_step)
     stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same on every process
     if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-        write_checkpoint(args, run, nets, global_step, iteration)
+        rngs = gather_objects(rng_state(run.device), args.world_size)
+        if run.rank == 0:  # None: a statistic this run does not keep
+            state = {key: None if net is None else net.state_dict() for key, net in zip(NETS, nets, strict=True)}
+            run.checkpoint(**state, global_step=global_step, iteration=iteration, rng=rngs)
     if stopping:
         run.envs.close()
         stop_processes_and_exit(run, f"step {global_step:,}")
 
 
 def end_run(args: Args, run: "Run", agent, obs_rms, global_step: int) -> None:
-    """The end of a finished run: the envs closed and the process group left together; then process 0 alone saves the
-    final model, reloads it from disk and evaluates it with frozen statistics (--save-model), and closes the writer."""
+    """The envs closed, the processes left together; process 0 saves, reloads and evaluates the final model (--save-model)."""
     run.envs.close()
     end_processes(args.world_size)
     if run.rank != 0:
@@ -953,9 +916,8 @@ def end_run(args: Args, run: "Run", agent, obs_rms, global_step: int) -> None:
         state = run.save_and_reload(model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None)
         eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
         eval_agent.load_state_dict(state["model"])
-        eval_rms = None
-        if state["obs_rms"] is not None:
-            eval_rms = RunningMeanStd(run.obs_space.shape, run.device)
+        eval_rms = RunningMeanStd(run.obs_space.shape, run.device) if state["obs_rms"] is not None else None
+        if eval_rms is not None:
             eval_rms.load_state_dict(state["obs_rms"])
         run.log_eval(evaluate(eval_agent, eval_rms, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)

@@ -27,7 +27,7 @@ BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_
 
 # Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
 CEILING = {
-    "ppo": dict(total=1450, machinery=486, shared=486),
+    "ppo": dict(total=1412, machinery=448, shared=486),
     "a2c": dict(total=1384, machinery=446, shared=486),
     "ppg_procgen": dict(total=1572, machinery=484, shared=513),
     "rnd_ppo": dict(total=1540, machinery=400, shared=486),
