@@ -578,10 +578,7 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
-import os
-import signal
-import sys
-import traceback
+import traceback  # (signal and sys: the shared block imports them)
 
 # The layout of this file's checkpoints and models: raised when a field changes, so --resume refuses another in one line
 CHECKPOINT_FORMAT = 2
@@ -629,9 +626,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_level: int = 0):
     """envpool's Procgen as the reference's ProcgenGym3Env: 3x64x64 uint8 frames, unlimited levels unless num_levels."""
-    return envpool.make(
-        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_levels=num_levels, start_level=start_level
-    )
+    return envpool.make(env_id, "gymnasium", num_envs=num_envs, seed=seed, num_levels=num_levels, start_level=start_level)
 
 
 def bf16_note(device: torch.device) -> str:
@@ -679,8 +674,8 @@ def start_run(args: Args) -> "Run":
 
 
 def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[int], writer, args: Args) -> bool:
-    """After each auxiliary minibatch (a phase takes minutes, hours on a CPU): process 0's progress line every
-    --progress-interval seconds; whether to stop, the same answer on every process (a host sync, small beside the frames)."""
+    """After each auxiliary minibatch (a phase takes minutes, hours on a CPU): process 0's progress line when due; whether
+    to stop, the same answer on every process (a host sync, small beside the frames)."""
     clock["done_here"] += 1
     if writer is not None and time.time() - clock["last_print"] > args.progress_interval:
         clock["last_print"] = time.time()
@@ -692,8 +687,7 @@ def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[in
 
 
 def log_aux_phase(writer, aux_means: torch.Tensor, clock: dict, minibatches: int, global_step: int, world_size: int):
-    """The log of an auxiliary phase, by process 0: the last epoch's loss terms, as the mean over the processes (every
-    process takes part), and its pace."""
+    """Process 0 logs the last epoch's loss terms (their mean over the processes, which all take part) and the pace."""
     aux_values = mean_over_processes(aux_means, world_size).tolist()
     if writer is None:
         return
@@ -704,25 +698,22 @@ def log_aux_phase(writer, aux_means: torch.Tensor, clock: dict, minibatches: int
 
 
 def end_iteration(run, learner: dict, aux_state, global_step: int, iteration: int, args: Args, steps_done: int) -> None:
-    """The end of an iteration: the evaluation when one is due (process 0); then a stop, if one is asked of any process
-    (every process at the same point: the checkpoint written, the run left with the command that resumes it), else the
-    checkpoint when one is due. steps_done: the env steps since the last call (0 right after a resume)."""
+    """The evaluation when due (process 0); the checkpoint when due or on a stop asked of any process, which then every
+    process leaves at the same point. steps_done: the env steps since the last call (0 right after a resume)."""
     if run.rank == 0 and crossed(global_step, steps_done, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(learner["agent"], args, run.device, run.video(global_step)), global_step)
-    if stop_everywhere(run.stop, args.world_size, run.device):  # the same answer on every process
+    stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same answer on every process
+    if stopping or crossed(global_step, steps_done, args.checkpoint_every):
         write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
+    if stopping:
         run.envs.close()
-        where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
-        stop_processes_and_exit(run, where)
-    if crossed(global_step, steps_done, args.checkpoint_every):
-        write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
+        stop_processes_and_exit(run, f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else ""))
 
 
 def end_run(args: Args, run: "Run", agent: Agent, global_step: int) -> None:
-    """The run's end: envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then,
-    with --save-model, process 0 writes the final model, reloads it from disk into a new agent and evaluates it, as a
-    user who loads it evaluates it."""
+    """Envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then process 0 saves
+    the final model, reloads it from disk into a new agent and evaluates it, as a user who loads it does (--save-model)."""
     run.envs.close()
     remove_old_phases(run.dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
     end_processes(args.world_size)
@@ -748,26 +739,24 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch, iteration, started, global_step, args):
-    """The log of a policy iteration, by process 0: every process's finished episodes (gathered, one exchange per
-    iteration) at the steps they ended, the update's mean losses, the explained variance of the value predictions, the
-    learning rate, the phase, the policy phase's speed and the progress line."""
+    """Process 0 logs every process's finished episodes (gathered, one exchange per iteration) at the steps they ended,
+    the mean losses, the explained variance, the learning rate, the phase, the policy phase's speed and the progress line."""
     episodes = gather_episodes(finished, args.world_size)
     if run.rank != 0:
         return
-    writer = run.writer
-    explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
-    slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
     for step, fin_returns, fin_lengths in episodes:
         run.log_episodes(fin_returns, fin_lengths, step)
+    explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
     on_device = [torch.stack(list(stats.values())), explained.reshape(1), parameter_sum(learner["agent"])]
     *losses, ev, total = torch.cat(on_device).tolist()
     check_training({**dict(zip(stats, losses, strict=True)), "parameter sum": total}, global_step)
-    for name, value in zip((*stats, "explained_variance"), (*losses, ev), strict=True):
-        writer.add_scalar(f"losses/{name}", value, global_step)
-    seconds, last = time.time() - started, iteration == args.num_iterations
-    writer.add_scalar("charts/learning_rate", float(learner["optimizer"].param_groups[0]["lr"]), global_step)
-    writer.add_scalar("charts/phase", phase_number, global_step)
-    writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / seconds), global_step)
+    slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
+    scalars = {**{f"losses/{k}": v for k, v in zip((*stats, "explained_variance"), (*losses, ev), strict=True)},
+               "charts/learning_rate": float(learner["optimizer"].param_groups[0]["lr"]), "charts/phase": phase_number,
+               "charts/policy_phase_SPS": int(args.batch_size / (time.time() - started))}  # fmt: skip
+    for tag, value in scalars.items():
+        run.writer.add_scalar(tag, value, global_step)
+    last = iteration == args.num_iterations
     run.log(global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
 
 
@@ -844,28 +833,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.chunk_size = args.minibatch_size // processes if on_cuda else (128 if args.bf16 else 32)
 
 
-def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int) -> dict:
-    """This process's frames of the phase so far, raw in its own file in the run directory on its node, written before the
-    checkpoint that names it; returns the checkpoint's entry: the file's name and the small tensors."""
-    name = f"phase_{iteration}_process{rank}.u8"
-    path = os.path.join(run_dir, name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(f"{path}.tmp", "wb") as f:
-        for slot in phase["obs"][:filled]:  # slot by slot: from CUDA, one rollout's frames at a time pass through RAM
-            slot.cpu().numpy().tofile(f)
-    os.replace(f"{path}.tmp", path)
-    return dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
-
-
-def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
-    """The frames start_run found whole, slot by slot, so that no second copy of the phase is ever held."""
-    with open(os.path.join(run_dir, saved["file"]), "rb") as f:
-        for slot in phase["obs"][: saved["filled"]]:
-            slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))
-    for k in ("returns", "valid"):
-        phase[k][: saved["filled"]] = saved[k].to(phase[k].device)
-
-
 def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
     """This process's phase files other than `keep`."""
     for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
@@ -874,21 +841,26 @@ def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
 
 
 def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration):
-    """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped), written
-    by process 0. While an auxiliary phase is still to come, every process's frames of the phase so far go beside it
-    (save_phase), and at the run's last iteration those a longer run would train on. It holds one entry per process of
-    the phase, the auxiliary phase's state and the RNG states."""
-    run_dir, rank = run.dir, run.rank
-    filled = (iteration - 1) % phase["obs"].shape[0] + 1
+    """checkpoint.pt (process 0) at the end of a policy iteration or inside an auxiliary phase (aux_state: where it
+    stopped), with every process's frames of the phase beside it while an auxiliary phase is still to train on them."""
+    filled, name = (iteration - 1) % phase["obs"].shape[0] + 1, f"phase_{iteration}_process{run.rank}.u8"
     # the frames an auxiliary phase is still to train on: a phase not yet whole, or one whose auxiliary phase has begun,
     # or, at the run's last iteration, was skipped (restore_run runs it when a longer --total-timesteps extends the run)
-    needed = args.e_aux > 0 and (filled < args.n_pi or aux_state is not None or iteration >= args.num_iterations)
-    saved_phase = save_phase(run_dir, iteration, rank, phase, filled) if needed else None
+    saved_phase = None
+    if args.e_aux > 0 and (filled < args.n_pi or aux_state is not None or iteration >= args.num_iterations):
+        # raw, in this process's own file in the run directory on its node, written before the checkpoint that names it
+        path = os.path.join(run.dir, name)
+        os.makedirs(run.dir, exist_ok=True)
+        with open(f"{path}.tmp", "wb") as f:
+            for slot in phase["obs"][:filled]:  # slot by slot: from CUDA, one rollout's frames at a time pass through RAM
+                slot.cpu().numpy().tofile(f)
+        os.replace(f"{path}.tmp", path)
+        saved_phase = dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
     aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
     # gathered once every process has written its frames, so the checkpoint names only whole files
     phases, auxes = gather_objects(saved_phase, args.world_size), gather_objects(aux, args.world_size)
     rngs = gather_objects(rng_state(phase["obs"].device), args.world_size)
-    if rank == 0:
+    if run.rank == 0:
         run.checkpoint(
             model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
             return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
@@ -896,36 +868,36 @@ def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rm
         )  # fmt: skip
     if args.world_size > 1:
         dist.barrier()  # no process removes the files the last checkpoint named before the new one is written
-    remove_old_phases(run_dir, rank, saved_phase["file"] if saved_phase else None)
+    remove_old_phases(run.dir, run.rank, saved_phase and name)
 
 
 def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase):
     """--resume: weights, both Adams' moments, the reward statistics, this process's frames of the phase so far, where
     the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
     auxiliary phase's state (0, 1 and None for a new run)."""
-    ckpt, rank, device, run_dir = run.ckpt, run.rank, run.device, run.dir
+    ckpt, rank, device = run.ckpt, run.rank, run.device
     if ckpt is None:
         return 0, 1, None
-    rng = process_rng(ckpt, rank, args.world_size)  # a checkpoint of another number of processes: refused first
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
     if return_rms is not None:
         return_rms.load_state_dict(ckpt["return_rms"])
-    if ckpt["phase"][rank] is not None:
-        load_phase(run_dir, ckpt["phase"][rank], phase)
-    rng_state(device, restore=rng)
-    aux_state = ckpt["aux"][rank] if ckpt["aux"] else None
-    if aux_state is not None:  # its permutation, loss sums and old logits, back on the device
-        aux_state = {k: v.to(device) if torch.is_tensor(v) else v for k, v in aux_state.items()}
-    saved = ckpt["phase"][rank]
-    if aux_state is None and saved and saved["filled"] == args.n_pi and ckpt["iteration"] < args.num_iterations:
+    if saved := ckpt["phase"][rank]:  # the frames start_run found whole, slot by slot: no second copy is ever held
+        with open(os.path.join(run.dir, saved["file"]), "rb") as f:
+            for slot in phase["obs"][: saved["filled"]]:
+                slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))
+        for k in ("returns", "valid"):
+            phase[k][: saved["filled"]] = saved[k].to(device)
+    rng_state(device, restore=process_rng(ckpt, rank, args.world_size))
+    aux_state = ckpt["aux"] and {k: v.to(device) if torch.is_tensor(v) else v for k, v in ckpt["aux"][rank].items()}
+    if not aux_state and saved and saved["filled"] == args.n_pi and ckpt["iteration"] < args.num_iterations:
         # the run ended with a whole phase, whose auxiliary phase its last iteration skipped (as the reference's loop
         # does); extended by a longer --total-timesteps, it comes first, as in a run started with that total
         old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
         aux_state = dict(epoch=0, done=0, phase=ckpt["iteration"] // args.n_pi, old_logits=old_logits)
     if rank == 0:
-        print(f"resumed {run_dir} at step {ckpt['global_step']:,}" + (" in an auxiliary phase" if aux_state else ""))
+        print(f"resumed {run.dir} at step {ckpt['global_step']:,}" + (" in an auxiliary phase" if aux_state else ""))
     return ckpt["global_step"], ckpt["iteration"] + 1, aux_state
 
 
