@@ -872,17 +872,14 @@ def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rm
 
 
 def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase):
-    """--resume: weights, both Adams' moments, the reward statistics, this process's frames of the phase so far, where
-    the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
-    auxiliary phase's state (0, 1 and None for a new run)."""
+    """--resume: the learner, this process's frames of the phase so far and RNG states, where the auxiliary phase stopped.
+    Returns the step and the iteration to go on from and the auxiliary phase's state (0, 1 and None for a new run)."""
     ckpt, rank, device = run.ckpt, run.rank, run.device
     if ckpt is None:
         return 0, 1, None
-    agent.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
-    if return_rms is not None:
-        return_rms.load_state_dict(ckpt["return_rms"])
+    for obj, key in ((agent, "model"), (optimizer, "optimizer"), (aux_optimizer, "aux_optimizer"), (return_rms, "return_rms")):
+        if obj is not None:  # (no return_rms without --norm-reward)
+            obj.load_state_dict(ckpt[key])
     if saved := ckpt["phase"][rank]:  # the frames start_run found whole, slot by slot: no second copy is ever held
         with open(os.path.join(run.dir, saved["file"]), "rb") as f:
             for slot in phase["obs"][: saved["filled"]]:
