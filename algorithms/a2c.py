@@ -707,12 +707,12 @@ def process_device(device: torch.device, local_rank: int, local_world_size: int,
     return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
 
 
-def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+def start_processes(args: Args, small: bool = False) -> tuple[int, torch.device, str | None]:
     """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
     same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    local_world_size, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    device, backend, note = process_device(seed_and_device(args, small), local_rank, local_world_size, gpus)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.world_size > 1:
@@ -814,8 +814,7 @@ def start_run(args: Args) -> "Run":
     the envs; the device, the storage check, the checkpoint read; then the Run, and this process's envs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
-    rank, device, note = start_processes(args)
-    seed_and_device(args, small=len(obs_space.shape) == 1)  # (the seeds again: the same; the thread count)
+    rank, device, note = start_processes(args, small=len(obs_space.shape) == 1)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     if ckpt is not None:  # a checkpoint of another number of processes: refused before anything is written
@@ -1092,7 +1091,9 @@ class Run:
 
     def __init__(self, args: Args, ckpt: dict | None, device: torch.device, total: int, unit="step", done=None, share=""):
         self.args, self.device, self.total, self.unit, self.ckpt, Run.last = args, device, total, unit, ckpt, self
-        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), stop_requests(), None
+        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), [], None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # checkpoint and exit at the loop's next boundary; again: now
+            signal.signal(signum, lambda signum, _: (self.stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
         step = ckpt["global_step"] if ckpt else 0
         self.start_step, self.start_done = step, step if done is None else done
         self.start_time, self.paused_seconds, self.last_print, self.recent_returns = time.time(), 0.0, 0.0, []
@@ -1104,9 +1105,10 @@ class Run:
             os.makedirs(self.dir, exist_ok=True)
         except OSError as e:
             fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
-        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        where = f" in each of {world} processes, each {share}" if world > 1 else ""
+        threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+        machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
         print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
         if args.track:  # a W&B run named as the run directory (or the resumed one); its files stay in ./wandb
             import wandb
@@ -1196,14 +1198,6 @@ class Run:
         with contextlib.suppress(OSError), open(os.path.join(self.dir, "finished"), "w") as f:
             f.write(f"{global_step}\n")
         print(f"tensorboard logs: {self.dir}   (view with: tensorboard --logdir runs)")
-
-
-def stop_requests() -> list[int]:
-    """Ctrl-C or SIGTERM: checkpoint and exit at the loop's next boundary (the list gets the signal); a second kills now."""
-    stop: list[int] = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda signum, _: (stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
-    return stop
 
 
 def crossed(count: int, advanced: int, every: int) -> bool:

@@ -574,13 +574,7 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (phases, envs, checks), then the shared plumbing.
-import os
-import signal
-import sys
-import traceback
-import types
-
-from torch.utils.tensorboard import SummaryWriter
+import traceback  # (signal and sys: the shared block imports them)
 
 # The layout of this file's checkpoints and models: raised when a field changes, so --resume refuses another in one line
 CHECKPOINT_FORMAT = 2
@@ -628,9 +622,7 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_level: int = 0):
     """envpool's Procgen as the reference's ProcgenGym3Env: 3x64x64 uint8 frames, unlimited levels unless num_levels."""
-    return envpool.make(
-        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, num_levels=num_levels, start_level=start_level
-    )
+    return envpool.make(env_id, "gymnasium", num_envs=num_envs, seed=seed, num_levels=num_levels, start_level=start_level)
 
 
 def bf16_note(device: torch.device) -> str:
@@ -648,46 +640,36 @@ def bf16_note(device: torch.device) -> str:
     return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
 
 
-def start_run(args: Args) -> types.SimpleNamespace:
+def start_run(args: Args) -> "Run":
     """The run's set-up before the networks: the env id and spaces, every check, the processes and device, the storage
-    check and the checkpoint read, all before the run directory is made; then the run directory, the writer (process 0),
-    the progress line, the stop requests and this process's envs. Returns them, with the checkpoint, for main."""
+    check and the checkpoint read, all before the run directory is made; then the Run (process 0 writes) and this
+    process's envs, which main finds on it."""
     args.env_id = procgen_env_id(args.env_id)
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
     N = args.num_envs // args.world_size  # this process's envs
-    small_network_threads(device, False)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    if ckpt is not None:  # a checkpoint of another number of processes: refused before anything is written
+    if ckpt is not None:  # refused before anything is written: a checkpoint of another number of processes, missing frames
         process_rng(ckpt, rank, args.world_size)
-    # process 0 alone writes logs, checkpoints and models; under torchrun the others write there only their frames of
-    # the phase for a resume (save_phase), so they take process 0's run name
-    run_name = gather_objects(ckpt["run_name"] if ckpt else new_run_name(args), args.world_size)[0]
-    run_dir = make_run_dir(run_name) if rank == 0 else os.path.join("runs", run_name)
-    if rank == 0:
-        say_device(device, f"stepping {N} of the {args.num_envs} envs")
-        if note:
-            print(note, flush=True)
-        if args.bf16 and (slow := bf16_note(device)):
-            print(slow, flush=True)
-    if ckpt is not None and ckpt["phase"][rank] is not None:  # missing frames: refused before the writer appends
-        rollout = args.num_steps * N * int(np.prod(obs_space.shape))  # a phase slot
-        check_phase_file(run_dir, ckpt["phase"][rank], ckpt["phase"][rank]["filled"] * rollout)
-    global_step = ckpt["global_step"] if ckpt else 0
-    writer = open_writer(run_dir, args, global_step if ckpt else None) if rank == 0 else None
+        saved, slot_bytes = ckpt["phase"][rank], args.num_steps * N * np.prod(obs_space.shape)
+        path = saved and os.path.join("runs", ckpt["run_name"], saved["file"])
+        if saved and (not os.path.isfile(path) or os.path.getsize(path) != saved["filled"] * slot_bytes):
+            fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from one whose file is whole")
+    run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {N} of the {args.num_envs} envs")
+    run.dir = gather_objects(run.dir, args.world_size)[0]  # process 0's: the others write their frames of the phase there
+    for line in filter(None, (note, args.bf16 and bf16_note(device))) if rank == 0 else ():
+        print(line, flush=True)
     # envs are not restored by a resume, so a resumed run's take a fresh seed; process r steps envs r*N .. r*N + N-1
-    envs = make_env(args.env_id, N, args.seed + global_step + rank * N, args.num_levels, args.start_level)
-    return types.SimpleNamespace(
-        obs_space=obs_space, action_space=action_space, rank=rank, device=device, ckpt=ckpt, run_dir=run_dir,
-        writer=writer, progress=Progress(args, global_step, args.total_timesteps), stop=stop_requests(), envs=envs,
-    )  # fmt: skip
+    run.envs = make_env(args.env_id, N, args.seed + run.start_step + rank * N, args.num_levels, args.start_level)
+    run.obs_space, run.action_space = obs_space, action_space
+    return run
 
 
 def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[int], writer, args: Args) -> bool:
-    """After each auxiliary minibatch (a phase takes minutes, hours on a CPU): process 0's progress line every
-    --progress-interval seconds; whether to stop, the same answer on every process (a host sync, small beside the frames)."""
+    """After each auxiliary minibatch (a phase takes minutes, hours on a CPU): process 0's progress line when due; whether
+    to stop, the same answer on every process (a host sync, small beside the frames)."""
     clock["done_here"] += 1
     if writer is not None and time.time() - clock["last_print"] > args.progress_interval:
         clock["last_print"] = time.time()
@@ -699,8 +681,7 @@ def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[in
 
 
 def log_aux_phase(writer, aux_means: torch.Tensor, clock: dict, minibatches: int, global_step: int, world_size: int):
-    """The log of an auxiliary phase, by process 0: the last epoch's loss terms, as the mean over the processes (every
-    process takes part), and its pace."""
+    """Process 0 logs the last epoch's loss terms (their mean over the processes, which all take part) and the pace."""
     aux_values = mean_over_processes(aux_means, world_size).tolist()
     if writer is None:
         return
@@ -711,39 +692,32 @@ def log_aux_phase(writer, aux_means: torch.Tensor, clock: dict, minibatches: int
 
 
 def end_iteration(run, learner: dict, aux_state, global_step: int, iteration: int, args: Args, steps_done: int) -> None:
-    """The end of an iteration: the evaluation when one is due (process 0); then a stop, if one is asked of any process
-    (every process at the same point: the checkpoint written, the run left with the command that resumes it), else the
-    checkpoint when one is due. steps_done: the env steps since the last call (0 right after a resume)."""
+    """The evaluation when due (process 0); the checkpoint when due or on a stop asked of any process, which then every
+    process leaves at the same point. steps_done: the env steps since the last call (0 right after a resume)."""
     if run.rank == 0 and crossed(global_step, steps_done, args.eval_every):
-        video = video_path(args, run.run_dir, global_step)
-        with run.progress.paused():
-            log_eval(run.writer, evaluate(learner["agent"], args, run.device, video), global_step)
-    if stop_everywhere(run.stop, args.world_size, run.device):  # the same answer on every process
+        with run.paused():
+            run.log_eval(evaluate(learner["agent"], args, run.device, run.video(global_step)), global_step)
+    stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same answer on every process
+    if stopping or crossed(global_step, steps_done, args.checkpoint_every):
         write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
+    if stopping:
         run.envs.close()
-        where = f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else "")
-        stop_processes_and_exit(run.stop, run.writer, args, run.run_dir, where)
-    if crossed(global_step, steps_done, args.checkpoint_every):
-        write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
+        stop_processes_and_exit(run, f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else ""))
 
 
-def end_run(args: Args, run: types.SimpleNamespace, agent: Agent, global_step: int) -> None:
-    """The run's end: envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then,
-    with --save-model, process 0 writes the final model, reloads it from disk into a new agent and evaluates it, as a
-    user who loads it evaluates it."""
+def end_run(args: Args, run: "Run", agent: Agent, global_step: int) -> None:
+    """Envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then process 0 saves
+    the final model, reloads it from disk into a new agent and evaluates it, as a user who loads it does (--save-model)."""
     run.envs.close()
-    remove_old_phases(run.run_dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
+    remove_old_phases(run.dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
     if args.save_model:
-        model_path = os.path.join(run.run_dir, "ppg_procgen.model")
-        save_checkpoint(model_path, "model", args, run.run_dir, model=agent.state_dict())
         eval_agent = Agent(run.obs_space, run.action_space, args.arch, args.bf16).to(run.device)
-        eval_agent.load_state_dict(load_checkpoint(model_path, args.env_id, kind="model")["model"])
-        returns = evaluate(eval_agent, args, run.device, video_path(args, run.run_dir))
-        log_final_eval(run.writer, returns, global_step, model_path)
-    finish(run.writer, run.run_dir, global_step)
+        eval_agent.load_state_dict(run.save_and_reload(model=agent.state_dict())["model"])
+        run.log_eval(evaluate(eval_agent, args, run.device, run.video()), global_step, run.model_path)
+    run.finish(global_step)
     leave(args.world_size)
 
 
@@ -759,27 +733,25 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch, iteration, started, global_step, args):
-    """The log of a policy iteration, by process 0: every process's finished episodes (gathered, one exchange per
-    iteration) at the steps they ended, the update's mean losses, the explained variance of the value predictions, the
-    learning rate, the phase, the policy phase's speed and the progress line."""
+    """Process 0 logs every process's finished episodes (gathered, one exchange per iteration) at the steps they ended,
+    the mean losses, the explained variance, the learning rate, the phase, the policy phase's speed and the progress line."""
     episodes = gather_episodes(finished, args.world_size)
     if run.rank != 0:
         return
-    writer, progress = run.writer, run.progress
-    explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
-    slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
     for step, fin_returns, fin_lengths in episodes:
-        progress.log_episodes(writer, fin_returns, fin_lengths, step)
+        run.log_episodes(fin_returns, fin_lengths, step)
+    explained = explained_variance(values.reshape(-1), batch["returns"], batch["valid"])
     on_device = [torch.stack(list(stats.values())), explained.reshape(1), parameter_sum(learner["agent"])]
     *losses, ev, total = torch.cat(on_device).tolist()
     check_training({**dict(zip(stats, losses, strict=True)), "parameter sum": total}, global_step)
-    for name, value in zip((*stats, "explained_variance"), (*losses, ev), strict=True):
-        writer.add_scalar(f"losses/{name}", value, global_step)
-    seconds, last = time.time() - started, iteration == args.num_iterations
-    writer.add_scalar("charts/learning_rate", float(learner["optimizer"].param_groups[0]["lr"]), global_step)
-    writer.add_scalar("charts/phase", phase_number, global_step)
-    writer.add_scalar("charts/policy_phase_SPS", int(args.batch_size / seconds), global_step)
-    progress.log(writer, global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
+    slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
+    scalars = {**{f"losses/{k}": v for k, v in zip((*stats, "explained_variance"), (*losses, ev), strict=True)},
+               "charts/learning_rate": float(learner["optimizer"].param_groups[0]["lr"]), "charts/phase": phase_number,
+               "charts/policy_phase_SPS": int(args.batch_size / (time.time() - started))}  # fmt: skip
+    for tag, value in scalars.items():
+        run.writer.add_scalar(tag, value, global_step)
+    last = iteration == args.num_iterations
+    run.log(global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
 
 
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
@@ -855,34 +827,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         args.chunk_size = args.minibatch_size // processes if on_cuda else (128 if args.bf16 else 32)
 
 
-def save_phase(run_dir: str, iteration: int, rank: int, phase: dict, filled: int) -> dict:
-    """This process's frames of the phase so far, raw in its own file in the run directory on its node, written before the
-    checkpoint that names it; returns the checkpoint's entry: the file's name and the small tensors."""
-    name = f"phase_{iteration}_process{rank}.u8"
-    path = os.path.join(run_dir, name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(f"{path}.tmp", "wb") as f:
-        for slot in phase["obs"][:filled]:  # slot by slot: from CUDA, one rollout's frames at a time pass through RAM
-            slot.cpu().numpy().tofile(f)
-    os.replace(f"{path}.tmp", path)
-    return dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
-
-
-def check_phase_file(run_dir: str, saved: dict, numel: int) -> None:
-    path = os.path.join(run_dir, saved["file"])
-    if not os.path.isfile(path) or os.path.getsize(path) != numel:
-        fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from a checkpoint whose file is whole")
-
-
-def load_phase(run_dir: str, saved: dict, phase: dict) -> None:
-    """The frames start_run found whole, slot by slot, so that no second copy of the phase is ever held."""
-    with open(os.path.join(run_dir, saved["file"]), "rb") as f:
-        for slot in phase["obs"][: saved["filled"]]:
-            slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))
-    for k in ("returns", "valid"):
-        phase[k][: saved["filled"]] = saved[k].to(phase[k].device)
-
-
 def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
     """This process's phase files other than `keep`."""
     for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
@@ -891,59 +835,60 @@ def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
 
 
 def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration):
-    """checkpoint.pt at the end of a policy iteration, or inside an auxiliary phase (aux_state: where it stopped), written
-    by process 0. While an auxiliary phase is still to come, every process's frames of the phase so far go beside it
-    (save_phase), and at the run's last iteration those a longer run would train on. It holds one entry per process of
-    the phase, the auxiliary phase's state and the RNG states."""
-    run_dir, rank = run.run_dir, run.rank
-    filled = (iteration - 1) % phase["obs"].shape[0] + 1
+    """checkpoint.pt (process 0) at the end of a policy iteration or inside an auxiliary phase (aux_state: where it
+    stopped), with every process's frames of the phase beside it while an auxiliary phase is still to train on them."""
+    filled, name = (iteration - 1) % phase["obs"].shape[0] + 1, f"phase_{iteration}_process{run.rank}.u8"
     # the frames an auxiliary phase is still to train on: a phase not yet whole, or one whose auxiliary phase has begun,
     # or, at the run's last iteration, was skipped (restore_run runs it when a longer --total-timesteps extends the run)
-    needed = args.e_aux > 0 and (filled < args.n_pi or aux_state is not None or iteration >= args.num_iterations)
-    saved_phase = save_phase(run_dir, iteration, rank, phase, filled) if needed else None
+    saved_phase = None
+    if args.e_aux > 0 and (filled < args.n_pi or aux_state is not None or iteration >= args.num_iterations):
+        # raw, in this process's own file in the run directory on its node, written before the checkpoint that names it
+        path = os.path.join(run.dir, name)
+        os.makedirs(run.dir, exist_ok=True)
+        with open(f"{path}.tmp", "wb") as f:
+            for slot in phase["obs"][:filled]:  # slot by slot: from CUDA, one rollout's frames at a time pass through RAM
+                slot.cpu().numpy().tofile(f)
+        os.replace(f"{path}.tmp", path)
+        saved_phase = dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
     aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
     # gathered once every process has written its frames, so the checkpoint names only whole files
     phases, auxes = gather_objects(saved_phase, args.world_size), gather_objects(aux, args.world_size)
     rngs = gather_objects(rng_state(phase["obs"].device), args.world_size)
-    if rank == 0:
-        save_checkpoint(
-            os.path.join(run_dir, "checkpoint.pt"), "checkpoint", args, run_dir,
+    if run.rank == 0:
+        run.checkpoint(
             model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
             return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
             global_step=global_step, iteration=iteration, rng=rngs,
         )  # fmt: skip
     if args.world_size > 1:
         dist.barrier()  # no process removes the files the last checkpoint named before the new one is written
-    remove_old_phases(run_dir, rank, saved_phase["file"] if saved_phase else None)
+    remove_old_phases(run.dir, run.rank, saved_phase and name)
 
 
 def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase):
-    """--resume: weights, both Adams' moments, the reward statistics, this process's frames of the phase so far, where
-    the auxiliary phase stopped and this process's RNG states. Returns the step and the iteration to go on from and the
-    auxiliary phase's state (0, 1 and None for a new run)."""
-    ckpt, rank, device, run_dir = run.ckpt, run.rank, run.device, run.run_dir
+    """--resume: the learner, this process's frames of the phase so far and RNG states, where the auxiliary phase stopped.
+    Returns the step and the iteration to go on from and the auxiliary phase's state (0, 1 and None for a new run)."""
+    ckpt, rank, device = run.ckpt, run.rank, run.device
     if ckpt is None:
         return 0, 1, None
-    rng = process_rng(ckpt, rank, args.world_size)  # a checkpoint of another number of processes: refused first
-    agent.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
-    if return_rms is not None:
-        return_rms.load_state_dict(ckpt["return_rms"])
-    if ckpt["phase"][rank] is not None:
-        load_phase(run_dir, ckpt["phase"][rank], phase)
-    restore_rng(rng, device)
-    aux_state = ckpt["aux"][rank] if ckpt["aux"] else None
-    if aux_state is not None:  # its permutation, loss sums and old logits, back on the device
-        aux_state = {k: v.to(device) if torch.is_tensor(v) else v for k, v in aux_state.items()}
-    saved = ckpt["phase"][rank]
-    if aux_state is None and saved and saved["filled"] == args.n_pi and ckpt["iteration"] < args.num_iterations:
+    for obj, key in ((agent, "model"), (optimizer, "optimizer"), (aux_optimizer, "aux_optimizer"), (return_rms, "return_rms")):
+        if obj is not None:  # (no return_rms without --norm-reward)
+            obj.load_state_dict(ckpt[key])
+    if saved := ckpt["phase"][rank]:  # the frames start_run found whole, slot by slot: no second copy is ever held
+        with open(os.path.join(run.dir, saved["file"]), "rb") as f:
+            for slot in phase["obs"][: saved["filled"]]:
+                slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))
+        for k in ("returns", "valid"):
+            phase[k][: saved["filled"]] = saved[k].to(device)
+    rng_state(device, restore=process_rng(ckpt, rank, args.world_size))
+    aux_state = ckpt["aux"] and {k: v.to(device) if torch.is_tensor(v) else v for k, v in ckpt["aux"][rank].items()}
+    if not aux_state and saved and saved["filled"] == args.n_pi and ckpt["iteration"] < args.num_iterations:
         # the run ended with a whole phase, whose auxiliary phase its last iteration skipped (as the reference's loop
         # does); extended by a longer --total-timesteps, it comes first, as in a run started with that total
         old_logits = old_policy_logits(agent, phase["obs"], args.chunk_size)
         aux_state = dict(epoch=0, done=0, phase=ckpt["iteration"] // args.n_pi, old_logits=old_logits)
     if rank == 0:
-        print(f"resumed {run_dir} at step {ckpt['global_step']:,}" + (" in an auxiliary phase" if aux_state else ""))
+        print(f"resumed {run.dir} at step {ckpt['global_step']:,}" + (" in an auxiliary phase" if aux_state else ""))
     return ckpt["global_step"], ckpt["iteration"] + 1, aux_state
 
 
@@ -958,12 +903,12 @@ def process_device(device: torch.device, local_rank: int, local_world_size: int,
     return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
 
 
-def start_processes(args: Args) -> tuple[int, torch.device, str | None]:
+def start_processes(args: Args, small: bool = False) -> tuple[int, torch.device, str | None]:
     """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
     same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    device, backend, note = process_device(seed_and_device(args), local_rank, local_world_size, torch.cuda.device_count())
+    local_world_size, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    device, backend, note = process_device(seed_and_device(args, small), local_rank, local_world_size, gpus)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if args.world_size > 1:
@@ -1046,15 +991,15 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
     return bool(flag.item())
 
 
-def stop_processes_and_exit(stop: list[int], writer: SummaryWriter | None, args: Args, run_dir: str | None, where: str):
-    """The plumbing's stop_and_exit for several processes: process 0 (the one with a writer) says the resume line, and
-    all wait in end_processes until it has written the checkpoint."""
-    if writer is not None:
-        close_writer(writer)
-        print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)
-    end_processes(args.world_size)
-    leave(args.world_size, 128 + stop[0])
-    sys.exit(128 + stop[0])
+def stop_processes_and_exit(run: "Run", where: str):
+    """Run.stop_and_exit for one process or several: process 0 names the launcher in its resume line, and every
+    process waits there until process 0 has written the checkpoint."""
+    if run.rank == 0:
+        run.close()
+        print(f"stopped at {where}; resume with: {resume_command(run.args, run.dir)}", flush=True)
+    end_processes(run.args.world_size)
+    leave(run.args.world_size, 128 + run.stop[0])
+    sys.exit(128 + run.stop[0])
 
 
 # ===============================================================================================================
@@ -1084,7 +1029,6 @@ from torch.utils.tensorboard import SummaryWriter
 
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")  # envpool's float64 bounds
 SCRIPT = os.path.basename(__file__)
-WRITTEN: dict[str, typing.Any] = {}  # the open writers; the checkpoint (path, step) a resume can start from
 
 
 @dataclasses.dataclass
@@ -1116,10 +1060,6 @@ def fail(message: str):
 def parse_args(argv: list[str] | None = None) -> Args:
     """The command line over the chosen preset's defaults (which --help shows), checked; with --resume, the checkpoint's."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    source = open(__file__).read()  # tyro keeps a field docstring's line breaks, which cut --help's sentences in two
-    for field in dataclasses.fields(Args):
-        if doc := re.search(rf'^    {field.name}: [^\n]*\n    """(.*?)"""', source, re.M | re.S):
-            Args.__annotations__[field.name] = typing.Annotated[field.type, tyro.conf.arg(help=" ".join(doc[1].split()))]
     defaults, captured = preset_defaults(argv), io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):  # --help opens with the docstring's first paragraph
@@ -1168,12 +1108,11 @@ def refuse_meaningless(args: Args, rules: list[tuple[tuple[str, ...], bool, str]
 
 def flag_value(argv: list[str], name: str, default: str) -> str:
     """The value of --name ('--name v' or '--name=v', dashes or underscores) before tyro parses the whole line."""
-    spellings, value = (f"--{name.replace('_', '-')}", f"--{name}"), default
     for i, arg in enumerate(argv):
         key, eq, given = arg.partition("=")
-        if key in spellings and (eq or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))):
-            value = given if eq else argv[i + 1]
-    return value
+        if key in (f"--{name.replace('_', '-')}", f"--{name}") and (eq or i + 1 < len(argv) and argv[i + 1][:2] != "--"):
+            default = given if eq else argv[i + 1]
+    return default
 
 
 # The flags a resumed run may change: how long it runs, how it reports, what it writes and where it computes. A longer
@@ -1195,145 +1134,123 @@ def resumed_args(args: Args) -> Args:
         again = f"it would train those steps again into runs/{state['run_name']}, over their events and final model"
         fail(f"{behind}: resumed, {again}; delete {finished} to do that anyway")
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
-        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        value, flag, was = getattr(args, name), f"--{name.replace('_', '-')}", saved[name]
         reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)
-        if value == saved[name]:
+        if value == was:
             continue
         if name not in RESUMABLE:
-            keeps = f"differs from the checkpoint's {saved[name]}, and a resumed run keeps the settings it learned with"
-            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {saved[name]}), or start a new run without --resume")
+            keeps = f"differs from the checkpoint's {was}, and a resumed run keeps the settings it learned with"
+            fail(f"{flag} {value} {keeps}; leave out {flag} (or pass {was}), or start a new run without --resume")
         if reached and value <= (at := state.get(reached[1], -1)):  # the resumed run would stop at once
             fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; "
                  f"pass a {flag} above {at} to extend the run")  # fmt: skip
         if os.environ.get("RANK", "0") == "0":
-            print(f"resuming with {flag} {value} (the checkpoint has {saved[name]})", flush=True)
+            print(f"resuming with {flag} {value} (the checkpoint has {was})", flush=True)
         saved[name] = value
     resumed = Args(**{**{k: v for k, v in saved.items() if k in defaults}, "resume": args.resume})
     resumed.typed, resumed.wandb_id = args.typed, state.get("wandb_id")  # the W&B run a tracked run goes on in
     return resumed
 
 
-def make_run_dir(run_name: str) -> str:
-    """runs/<run_name>, made only once every check has passed, so that bad input never leaves an empty one."""
-    run_dir = os.path.join("runs", run_name)
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:
-        fail(f"cannot write the run directory {run_dir} ({e.strerror}); run from a directory where runs/ can be written")
-    return run_dir
-
-
-def new_run_name(args: Args) -> str:
-    return f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-
-
-def seed_and_device(args: Args) -> torch.device:
+def seed_and_device(args: Args, small: bool = False) -> torch.device:
+    """Every RNG seeded; the device; one torch thread for a small network on the CPU (a second does not pay its waking)."""
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-
-def small_network_threads(device: torch.device, small: bool) -> None:
-    """One torch thread on the CPU for a small network (an MLP, a Q-table) unless OMP_NUM_THREADS says otherwise: a
-    second thread does not pay for its waking, and one that spins takes most of a busy machine's speed."""
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if device.type == "cpu" and small and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
-
-
-def say_device(device: torch.device, share: str = "") -> None:
-    """A run's first line: where it trains; under torchrun, how many processes on how many machines, each `share`."""
-    threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
-    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-    machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
-    print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
+    return device
 
 
 def check_storage(stores: dict[str, tuple[int, torch.device, str]]) -> None:
-    """The run's big stores (a rollout, a replay buffer, a phase's frames), each named with the flags that size it, as
-    (bytes, device, fix): one that needs over 0.9 of its device's free memory is refused before anything starts."""
+    """The big stores, {name with its flags: (bytes, device, fix)}: one over 0.9 of its device's free memory is refused."""
     for name, (size, device, fix) in stores.items():
         if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
+            free, memory = torch.cuda.mem_get_info(device)[0], "GPU memory"
         else:
             with open("/proc/meminfo") as f:
-                free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+                free, memory = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), "memory"
         if size > 0.9 * free:
-            memory = "GPU memory" if device.type == "cuda" else "memory"
             fail(f"{name} needs {size / 2**30:.3g} GiB and this machine has {free / 2**30:.3g} GiB of {memory} free; {fix}")
 
 
-def rng_state(device: torch.device) -> dict:
+def rng_state(device: torch.device, restore: dict | None = None) -> dict:
+    """This process's RNG states, for a checkpoint; with restore, those of a checkpoint put back first."""
+    if restore is not None:
+        random.setstate(restore["python"])
+        np.random.set_state(restore["numpy"])
+        torch.set_rng_state(restore["torch"])
+        if device.type == "cuda" and restore["cuda"] is not None:
+            torch.cuda.set_rng_state_all(restore["cuda"])
     cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=cuda)
 
 
-def restore_rng(rng: dict, device: torch.device) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if device.type == "cuda" and rng["cuda"] is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+class Run:
+    """A run's stop requests (run.stop) and what it writes, process 0 alone under torchrun: runs/<run>, made once every
+    check has passed; its tensorboard events (with --track, mirrored to W&B); the progress line; checkpoints; the final
+    model; evaluations; videos; the end. A run started by a checkpoint (ckpt) goes on in its directory, from its step."""
 
+    last: "Run | None" = None  # the run in progress, whose events a run that stops in error closes (run_main)
+    kept: tuple[str | None, int | None] = (None, None)  # the checkpoint (path, step) a resume can start from
 
-def open_writer(run_dir: str, args: Args, resumed_at: int | None) -> SummaryWriter:
-    """Tensorboard events in run_dir; with --track, first a W&B run named as the run directory (or the resumed one) that
-    mirrors them; W&B's files stay in ./wandb (in runs/ they would show as a run)."""
-    if args.track:
-        import wandb
-
+    def __init__(self, args: Args, ckpt: dict | None, device: torch.device, total: int, unit="step", done=None, share=""):
+        self.args, self.device, self.total, self.unit, self.ckpt, Run.last = args, device, total, unit, ckpt, self
+        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), [], None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # checkpoint and exit at the loop's next boundary; again: now
+            signal.signal(signum, lambda signum, _: (self.stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
+        step = ckpt["global_step"] if ckpt else 0
+        self.start_step, self.start_done = step, step if done is None else done
+        self.start_time, self.paused_seconds, self.last_print, self.recent_returns = time.time(), 0.0, 0.0, []
+        name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.dir = os.path.join("runs", ckpt["run_name"] if ckpt else name)
+        if self.rank != 0:
+            return
         try:
-            run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=os.path.basename(run_dir),
-                             tags=list(args.wandb_tags) or None, id=getattr(args, "wandb_id", None), resume="allow",
-                             config=dataclasses.asdict(args), sync_tensorboard=True, save_code=True)  # fmt: skip
-        except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
-            if not os.listdir(run_dir) and not args.resume:
-                os.removedirs(run_dir)  # and runs/, if this was its only run
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
-        args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
-    # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
-    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
-    WRITTEN.setdefault("writers", []).append(writer)  # closed, so flushed, by a run that stops on a NaN (run_main)
-    if resumed_at is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
+        threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+        machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+        print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
+        if args.track:  # a W&B run named as the run directory (or the resumed one); its files stay in ./wandb
+            import wandb
 
+            try:
+                run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, resume="allow",
+                                 name=os.path.basename(self.dir), tags=list(args.wandb_tags) or None,
+                                 id=getattr(args, "wandb_id", None), config=dataclasses.asdict(args),
+                                 sync_tensorboard=True, save_code=True)  # fmt: skip
+            except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
+                if not os.listdir(self.dir) and not args.resume:
+                    os.removedirs(self.dir)  # and runs/, if this was its only run
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
+            args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
+        # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
+        self.writer = SummaryWriter(self.dir, purge_step=step + 1 if ckpt else None)
+        if not ckpt:
+            table = "\n".join(f"|{k}|{v}|" for k, v in dataclasses.asdict(args).items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
-def close_writer(writer: SummaryWriter) -> None:
-    """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
-    writer.close()
-    if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
-        wandb.finish()
-
-
-class Progress:
-    """Finished episodes (one point each), steps per second over training time, and a line every --progress-interval s."""
-
-    def __init__(self, args: Args, global_step: int, total: int, unit: str = "step", done: int | None = None):
-        self.interval, self.total, self.unit = args.progress_interval, total, unit
-        self.start_step, self.start_done = global_step, global_step if done is None else done
-        self.start_time, self.paused_seconds, self.last_print = time.time(), 0.0, 0.0
-        self.recent_returns: list[float] = []
-
-    def log_episodes(self, writer: SummaryWriter, returns, lengths, global_step: int) -> None:
+    def log_episodes(self, returns, lengths, global_step: int) -> None:
         for episodic_return, length in zip(returns, lengths, strict=True):
-            writer.add_scalar("charts/episodic_return", episodic_return, global_step)
-            writer.add_scalar("charts/episodic_length", length, global_step)
+            self.writer.add_scalar("charts/episodic_return", episodic_return, global_step)
+            self.writer.add_scalar("charts/episodic_length", length, global_step)
             self.recent_returns = (self.recent_returns + [float(episodic_return)])[-20:]
 
-    def log(self, writer: SummaryWriter, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
-        """charts/SPS, and the progress line when it is due: `<unit> done/total (%) | SPS | return | ETA`."""
+    def log(self, global_step: int, done: int, extra: str = "", force: bool = False) -> int:
+        """charts/SPS (over training time), and every --progress-interval s `<unit> done/total (%) | SPS | return | ETA`."""
         seconds = max(time.time() - self.start_time - self.paused_seconds, 1e-9)
         sps = int((global_step - self.start_step) / seconds)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        if force or time.time() - self.last_print > self.interval:
-            self.last_print = time.time()
+        self.writer.add_scalar("charts/SPS", sps, global_step)
+        if force or time.time() - self.last_print > self.args.progress_interval:
+            self.last_print, mean = time.time(), f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
             eta = seconds / max(done - self.start_done, 1) * (self.total - done)
-            mean = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
             line = f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,}"
             line += f" | return {mean} (last {len(self.recent_returns)} episodes){extra}"
             print(f"{line} | ETA {int(eta // 60)}m{int(eta % 60):02d}s", flush=True)
@@ -1346,18 +1263,48 @@ class Progress:
         yield
         self.paused_seconds += time.time() - start
 
+    def checkpoint(self, **state) -> None:
+        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), "checkpoint", self.args, self.dir, **state)
 
-def stop_requests() -> list[int]:
-    """Ctrl-C or SIGTERM: checkpoint and exit at the loop's next boundary (the list gets the signal); a second kills now."""
-    stop: list[int] = []
+    def save_and_reload(self, **state) -> dict:
+        """--save-model: the final model written, then read back from disk, as a user who loads it reads it."""
+        self.model_path = os.path.join(self.dir, f"{SCRIPT[:-3]}.model")
+        save_checkpoint(self.model_path, "model", self.args, self.dir, **state)
+        return load_checkpoint(self.model_path, self.args.env_id, kind="model")
 
-    def request_stop(signum, _frame):
-        stop.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
+    def video(self, at: int | None = None) -> str | None:
+        """The path of the video of an evaluation at step `at` (None: the final one); None without --capture-video."""
+        return os.path.join(self.dir, "videos", f"eval_{at}.mp4" if at else "final.mp4") if self.args.capture_video else None
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    return stop
+    def log_eval(self, returns: np.ndarray, global_step: int, model_path: str | None = None) -> None:
+        """An evaluation's mean at its step; the reloaded final model's (model_path): one point per episode, at the last."""
+        for value in returns if model_path else [np.mean(returns)]:
+            self.writer.add_scalar("eval/episodic_return", float(value), global_step)
+        episodes = f"over {len(returns)} episode{'s' * (len(returns) > 1)}"
+        if model_path is None:
+            print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} {episodes}", flush=True)
+        else:
+            print(f"evaluation of {model_path}: mean return {np.mean(returns):.1f} +- {np.std(returns):.1f} {episodes}")
+            print(f"model: {model_path}")
+
+    def close(self) -> None:
+        """The events flushed; with --track, the W&B run finished after them, so that it holds the last scalars."""
+        self.writer.close()
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
+            wandb.finish()
+
+    def stop_and_exit(self, where: str) -> typing.NoReturn:
+        """A stop request's end, once its checkpoint is written: the events closed, the command that resumes the run."""
+        self.close()
+        print(f"stopped at {where}; resume with: {resume_command(self.args, self.dir)}", flush=True)
+        sys.exit(128 + self.stop[0])
+
+    def finish(self, global_step: int) -> None:
+        """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
+        self.close()
+        with contextlib.suppress(OSError), open(os.path.join(self.dir, "finished"), "w") as f:
+            f.write(f"{global_step}\n")
+        print(f"tensorboard logs: {self.dir}   (view with: tensorboard --logdir runs)")
 
 
 def crossed(count: int, advanced: int, every: int) -> bool:
@@ -1366,8 +1313,7 @@ def crossed(count: int, advanced: int, every: int) -> bool:
 
 
 def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> None:
-    """A checkpoint.pt (for --resume) or a final model, marked with what load_checkpoint checks; written to a .tmp, then
-    renamed, so that a kill during the write never leaves a broken one."""
+    """A checkpoint.pt or a final model, marked for load_checkpoint; written to a .tmp, renamed: no kill leaves it broken."""
     marks = dict(script=SCRIPT, kind=kind, args=dataclasses.asdict(args), run_name=os.path.basename(run_dir))
     marks.update(format=CHECKPOINT_FORMAT, fields=sorted(state), wandb_id=getattr(args, "wandb_id", None))
     if (bad := non_finite(state)) is not None:  # the backstop: the loop's own checks stop a run before this
@@ -1381,7 +1327,7 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
             os.remove(f"{path}.tmp")
         cannot_write(path, error, args)
     if kind == "checkpoint":
-        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+        Run.kept = (path, state.get("global_step"))
 
 
 def non_finite(state, name: str = "") -> str | None:
@@ -1403,41 +1349,42 @@ UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EACCE
 
 
 def run_main(main, args) -> None:
-    """main(args); a write that fails for want of room or rights, or a NaN or inf, ends the run in one line instead of a
-    traceback from deep in a library, the events written up to it kept (the events' thread says its error at the next)."""
+    """main(args); a NaN or inf, or a write that fails for want of room or rights, ends the run in one line (no traceback)."""
     threading.excepthook = lambda hook: getattr(hook.exc_value, "errno", 0) in UNWRITABLE or threading.__excepthook__(hook)
     try:
         main(args)
     except NonFinite as error:
-        for writer in WRITTEN.get("writers", ()):
-            writer.close()
-        print(f"{SCRIPT}: error: {error}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except OSError as error:
+        if Run.last is not None and Run.last.writer is not None:
+            Run.last.writer.close()  # the events up to it kept
+        end_in_error(str(error), args)
+    except OSError as error:  # (the events' thread says its own at the next write)
         if error.errno not in UNWRITABLE:
             raise
-        folder = os.path.dirname(WRITTEN["checkpoint"][0]) if "checkpoint" in WRITTEN else "the run directory"
+        folder = os.path.dirname(Run.kept[0]) if Run.kept[0] else "the run directory"
         cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
 
 
 def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
-    """A file of the run that could not be written ends it in one line: the file, the cause, the checkpoint left."""
-    folder = os.path.dirname(path) or "."
     cause = getattr(error, "strerror", None) or str(error).strip().splitlines()[0][:200]
-    if isinstance(error, RuntimeError) and os.path.isdir(folder) and shutil.disk_usage(folder).free < 1 << 20:
-        cause = "No space left on device"  # torch's zip writer on a full disk says only "unexpected pos"
-    print(f"{SCRIPT}: error: cannot write {path}: {cause}; {kept_checkpoint(args)}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    if isinstance(error, RuntimeError) and os.path.isdir(os.path.dirname(path) or "."):
+        if shutil.disk_usage(os.path.dirname(path) or ".").free < 1 << 20:  # torch's zip writer says "unexpected pos"
+            cause = "No space left on device"
+    end_in_error(f"cannot write {path}: {cause}", args)
 
 
-def kept_checkpoint(args) -> str:
-    kept, step = WRITTEN.get("checkpoint", (None, None))
+def end_in_error(what: str, args) -> typing.NoReturn:
+    """A run that cannot go on says so in one line, with the checkpoint it left to resume from, and exits 1."""
+    kept, step = Run.kept
     if os.environ.get("RANK", "0") != "0":
-        return "process 0 writes the run's checkpoints"
-    if kept is None or not os.path.exists(kept):
-        return "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
-    at = f" (step {step:,})" if step is not None else ""
-    return f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume_command(args, os.path.dirname(kept))}"
+        left = "process 0 writes the run's checkpoints"
+    elif kept is None or not os.path.exists(kept):
+        left = "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
+    else:
+        at = f" (step {step:,})" if step is not None else ""
+        resume = resume_command(args, os.path.dirname(kept))
+        left = f"the last checkpoint, {kept}{at}, is as it was; resume from it with: {resume}"
+    print(f"{SCRIPT}: error: {what}; {left}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def resume_command(args, run_dir: str) -> str:
@@ -1447,8 +1394,7 @@ def resume_command(args, run_dir: str) -> str:
 
 
 def finite_step(out: tuple, global_step: int) -> tuple:
-    """A vector env's step, passed on once its rewards and observations are finite: a NaN or inf stops the run before
-    anything learns from or stores it (as Stable-Baselines3's VecCheckNan), at one sum per array (about a microsecond)."""
+    """A vector env's step once its rewards and observations are finite (as SB3's VecCheckNan), at one sum per array."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
         if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not (ok := np.isfinite(x)).all():
             rows = ok.reshape(len(x), -1).all(axis=1)  # (an overflowing sum of finite values passes)
@@ -1510,19 +1456,8 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
     if state["args"]["env_id"] != env_id:
         fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
     if kind == "checkpoint":  # the one a failed write names
-        WRITTEN["checkpoint"] = (path, state.get("global_step"))
+        Run.kept = (path, state.get("global_step"))
     return state
-
-
-def stop_and_exit(stop: list[int], writer: SummaryWriter, envs, args: Args, run_dir: str, where: str):
-    close_writer(writer)
-    envs.close()
-    print(f"stopped at {where}; resume with: {resume_command(args, run_dir)}", flush=True)
-    sys.exit(128 + stop[0])
-
-
-def video_path(args: Args, run_dir: str, at: int | None = None) -> str | None:
-    return os.path.join(run_dir, "videos", "final.mp4" if at is None else f"eval_{at}.mp4") if args.capture_video else None
 
 
 def write_video(path: str | None, frames: list) -> None:
@@ -1538,30 +1473,8 @@ def write_video(path: str | None, frames: list) -> None:
             with contextlib.suppress(OSError):
                 os.remove(path)  # no video cut short
             return
-        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, uploaded beside the scalars
+        if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
-
-
-def log_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int) -> None:
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), global_step)
-    print(f"eval at step {global_step:,}: mean return {np.mean(returns):.1f} over {len(returns)} episodes", flush=True)
-
-
-def log_final_eval(writer: SummaryWriter, returns: np.ndarray, global_step: int, model_path: str) -> None:
-    """The model reloaded from disk: one eval/episodic_return point per episode, at the last step (log_eval: the mean)."""
-    for episodic_return in returns:
-        writer.add_scalar("eval/episodic_return", episodic_return, global_step)
-    mean_std = f"{np.mean(returns):.1f} +- {np.std(returns):.1f}"
-    print(f"evaluation of {model_path}: mean return {mean_std} over {len(returns)} episodes")
-    print(f"model: {model_path}")
-
-
-def finish(writer: SummaryWriter, run_dir: str, global_step: int) -> None:
-    """The events closed, and the step the run finished at noted, against a resume of a checkpoint it went past."""
-    close_writer(writer)
-    with contextlib.suppress(OSError), open(os.path.join(run_dir, "finished"), "w") as f:
-        f.write(f"{global_step}\n")
-    print(f"tensorboard logs: {run_dir}   (view with: tensorboard --logdir runs)")
 
 
 def envpool_has(env_id: str) -> bool:

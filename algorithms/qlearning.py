@@ -707,7 +707,9 @@ class Run:
 
     def __init__(self, args: Args, ckpt: dict | None, device: torch.device, total: int, unit="step", done=None, share=""):
         self.args, self.device, self.total, self.unit, self.ckpt, Run.last = args, device, total, unit, ckpt, self
-        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), stop_requests(), None
+        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), [], None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # checkpoint and exit at the loop's next boundary; again: now
+            signal.signal(signum, lambda signum, _: (self.stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
         step = ckpt["global_step"] if ckpt else 0
         self.start_step, self.start_done = step, step if done is None else done
         self.start_time, self.paused_seconds, self.last_print, self.recent_returns = time.time(), 0.0, 0.0, []
@@ -719,9 +721,10 @@ class Run:
             os.makedirs(self.dir, exist_ok=True)
         except OSError as e:
             fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
-        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} thread(s)"
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        where = f" in each of {world} processes, each {share}" if world > 1 else ""
+        threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
+        what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
+        machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
         print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
         if args.track:  # a W&B run named as the run directory (or the resumed one); its files stay in ./wandb
             import wandb
@@ -811,14 +814,6 @@ class Run:
         with contextlib.suppress(OSError), open(os.path.join(self.dir, "finished"), "w") as f:
             f.write(f"{global_step}\n")
         print(f"tensorboard logs: {self.dir}   (view with: tensorboard --logdir runs)")
-
-
-def stop_requests() -> list[int]:
-    """Ctrl-C or SIGTERM: checkpoint and exit at the loop's next boundary (the list gets the signal); a second kills now."""
-    stop: list[int] = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda signum, _: (stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
-    return stop
 
 
 def crossed(count: int, advanced: int, every: int) -> bool:

@@ -27,14 +27,14 @@ BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_
 
 # Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
 CEILING = {
-    "ppo": dict(total=1412, machinery=448, shared=486),
-    "a2c": dict(total=1384, machinery=446, shared=486),
-    "ppg_procgen": dict(total=1572, machinery=484, shared=513),
-    "rnd_ppo": dict(total=1540, machinery=400, shared=486),
-    "dqn": dict(total=1114, machinery=269, shared=486),
-    "ddpg_td3": dict(total=1076, machinery=202, shared=486),
-    "es": dict(total=1125, machinery=286, shared=486),
-    "qlearning": dict(total=999, machinery=269, shared=486),
+    "ppo": dict(total=1406, machinery=447, shared=481),
+    "a2c": dict(total=1378, machinery=445, shared=481),
+    "ppg_procgen": dict(total=1485, machinery=429, shared=481),
+    "rnd_ppo": dict(total=1535, machinery=400, shared=481),
+    "dqn": dict(total=1109, machinery=269, shared=481),
+    "ddpg_td3": dict(total=1071, machinery=202, shared=481),
+    "es": dict(total=1119, machinery=285, shared=481),
+    "qlearning": dict(total=994, machinery=269, shared=481),
 }
 
 

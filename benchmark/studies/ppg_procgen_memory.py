@@ -31,7 +31,8 @@ def write_checkpoint_before_last_iteration(env_id: str, flags: list[str]) -> tup
     args = ppg.parse_args(["--env-id", env_id, "--total-timesteps", str(64 * 256 * 40), "--no-cuda", *flags])
     obs_space, action_space = ppg.env_spaces(args.env_id)
     ppg.check_args(args, obs_space, action_space)
-    run_dir = ppg.make_run_dir("memory_probe")
+    run_dir = os.path.join("runs", "memory_probe")
+    os.makedirs(run_dir)
     agent = ppg.Agent(obs_space, action_space, args.arch)
     filled, shape = args.n_pi - 1, (args.num_steps, args.num_envs) + obs_space.shape
     rng, name = np.random.default_rng(0), f"phase_{filled}_process0.u8"
