@@ -155,7 +155,6 @@ class Agent(nn.Module):
             return self.encoder(network_input(x, self.dtype)).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory's state before an episode's first observation (zeros); None without memory."""
         return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):

@@ -164,7 +164,6 @@ class Agent(nn.Module):
             return self.trunk(x.contiguous(memory_format=torch.channels_last).to(self.dtype) / 255.0).float()
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor | None:
-        """The memory's state before an episode's first observation (zeros); None without memory."""
         return None if self.memory is None else zero_state(self.memory, num_envs, device)
 
     def hidden(self, x: torch.Tensor, state=None, starts=None, spans=None):
