@@ -791,9 +791,9 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and not stop:
+    if (stopping := bool(flag.item())) and not stop:  # one host sync
         stop.append(signal.SIGTERM)
-    return bool(flag.item())
+    return stopping
 
 
 def stop_processes_and_exit(run: "Run", where: str):

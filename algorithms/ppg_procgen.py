@@ -659,8 +659,9 @@ def start_run(args: Args) -> "Run":
             fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from one whose file is whole")
     run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {N} of the {args.num_envs} envs")
     run.dir = gather_objects(run.dir, args.world_size)[0]  # process 0's: the others write their frames of the phase there
-    for line in filter(None, (note, args.bf16 and bf16_note(device))) if rank == 0 else ():
-        print(line, flush=True)
+    for line in (note, args.bf16 and bf16_note(device)):
+        if line and rank == 0:
+            print(line, flush=True)
     # envs are not restored by a resume, so a resumed run's take a fresh seed; process r steps envs r*N .. r*N + N-1
     run.envs = make_env(args.env_id, N, args.seed + run.start_step + rank * N, args.num_levels, args.start_level)
     run.obs_space, run.action_space = obs_space, action_space
@@ -986,9 +987,9 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and not stop:
+    if (stopping := bool(flag.item())) and not stop:  # one host sync
         stop.append(signal.SIGTERM)
-    return bool(flag.item())
+    return stopping
 
 
 def stop_processes_and_exit(run: "Run", where: str):

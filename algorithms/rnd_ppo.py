@@ -723,8 +723,9 @@ class Rooms:
 
     def log(self, run: "Run", global_step: int) -> str:
         """Every process's finished episodes' rooms and all rooms seen, logged by process 0; the progress line's part."""
-        self.seen = np.logical_or.reduce(gather_objects(self.seen, run.args.world_size))
-        finished, self.finished = gather_episodes(self.finished, run.args.world_size), []
+        everyone = gather_objects((self.seen, self.finished), run.args.world_size)  # one exchange for both
+        self.seen, self.finished = np.logical_or.reduce([seen for seen, _ in everyone]), []
+        finished = sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0])
         if run.rank != 0 or self.address is None:
             return ""
         for step, rooms in finished:
@@ -956,9 +957,9 @@ def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> b
         return bool(stop)
     flag = torch.tensor([len(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and not stop:
+    if (stopping := bool(flag.item())) and not stop:  # one host sync
         stop.append(signal.SIGTERM)
-    return bool(flag.item())
+    return stopping
 
 
 def stop_processes_and_exit(run: "Run", where: str):
@@ -998,8 +999,8 @@ def start_run(args: Args) -> "Run":
     rng = process_rng(ckpt, rank, args.world_size) if ckpt else None
     n = args.num_envs // args.world_size
     run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {n} of the {args.num_envs} envs")
-    for line in (note, args.bf16 and bf16_note(device)) if rank == 0 else ():
-        if line:
+    for line in (note, args.bf16 and bf16_note(device)):
+        if line and rank == 0:
             print(line, flush=True)
     # process r steps envs r*n .. r*n + n-1; a resumed run's take a fresh seed
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
