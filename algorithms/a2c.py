@@ -902,6 +902,7 @@ import dataclasses
 import errno
 import importlib.util
 import io
+import itertools
 import os
 import random
 import re
@@ -910,7 +911,6 @@ import signal
 import sys
 import threading
 import time
-import typing
 import warnings
 
 import envpool
@@ -921,6 +921,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")  # envpool's float64 bounds
 SCRIPT = os.path.basename(__file__)
+RANK, WORLD = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: process 0 writes
 
 
 @dataclasses.dataclass
@@ -957,12 +958,10 @@ def parse_args(argv: list[str] | None = None) -> Args:
         with contextlib.redirect_stderr(captured):  # --help opens with the docstring's first paragraph
             args = tyro.cli(Args, default=defaults, args=argv, description=__doc__.split("\n\n")[0])
     except SystemExit as e:
-        if e.code:  # tyro's error box (plain text where the output is not UTF-8) as one line: its message, under the title
-            rows = [row.strip("│|╭╮╰╯ ") for row in captured.getvalue().splitlines()]
-            rule = [not row.strip("─-") for row in rows]
-            start = next(i for i in range(1, len(rows)) if not rule[i])
-            end = next((i for i in range(start, len(rows)) if rule[i]), len(rows))
-            fail(f"{' '.join(rows[start:end]).rstrip('.')}; see {SCRIPT} --help")
+        if e.code:  # tyro's error box (plain text where the output is not UTF-8) as one line: the message between rules
+            rows = [row.strip("│|╭╮╰╯ ") if row.strip("│|╭╮╰╯ ─-") else "" for row in captured.getvalue().splitlines()[1:]]
+            message = " ".join(itertools.takewhile(bool, itertools.dropwhile(lambda row: not row, rows))).rstrip(".")
+            fail(f"{message}; see {SCRIPT} --help")
         raise
     # the flags typed ('--name v', '--name=v', '--no-name'), as against defaults; not a field, so neither saved nor shown
     names = {arg[2:].partition("=")[0].replace("-", "_") for arg in argv if arg.startswith("--")}
@@ -981,11 +980,9 @@ def check_ranges(args: Args) -> None:
     """Each numeric flag in its interval in RANGES ('[1, inf)', '(0, 1]'); NaN is in none."""
     for name, interval in RANGES.items():
         low, high = (float(bound) for bound in interval[1:-1].split(","))
-        if (value := getattr(args, name)) is None:
-            continue
-        above = value > low if interval[0] == "(" else value >= low
-        below = value < high if interval[-1] == ")" else value <= high
-        if not (above and below):
+        value = getattr(args, name)
+        above = value is None or (value > low if interval[0] == "(" else value >= low)
+        if not (above and (value is None or (value < high if interval[-1] == ")" else value <= high))):
             fail(f"--{name.replace('_', '-')} {value} is out of range; pass a value in {interval}")
     if not args.exp_name or os.sep in args.exp_name:
         fail(f"--exp-name '{args.exp_name}' must be a plain name (part of the run directory's); pass one without '{os.sep}'")
@@ -1036,7 +1033,7 @@ def resumed_args(args: Args) -> Args:
         if reached and value <= (at := state.get(reached[1], -1)):  # the resumed run would stop at once
             fail(f"{flag} {value} does not go past the checkpoint's {reached[0]} {at:,}, where the run resumes; "
                  f"pass a {flag} above {at} to extend the run")  # fmt: skip
-        if os.environ.get("RANK", "0") == "0":
+        if RANK == 0:
             print(f"resuming with {flag} {value} (the checkpoint has {was})", flush=True)
         saved[name] = value
     resumed = Args(**{**{k: v for k, v in saved.items() if k in defaults}, "resume": args.resume})
@@ -1090,7 +1087,7 @@ class Run:
 
     def __init__(self, args: Args, ckpt: dict | None, device: torch.device, total: int, unit="step", done=None, share=""):
         self.args, self.device, self.total, self.unit, self.ckpt, Run.last = args, device, total, unit, ckpt, self
-        self.rank, self.stop, self.writer = int(os.environ.get("RANK", "0")), [], None
+        self.rank, self.stop, self.writer = RANK, [], None
         for signum in (signal.SIGINT, signal.SIGTERM):  # checkpoint and exit at the loop's next boundary; again: now
             signal.signal(signum, lambda signum, _: (self.stop.append(signum), signal.signal(signum, signal.SIG_DFL)))
         step = ckpt["global_step"] if ckpt else 0
@@ -1098,16 +1095,11 @@ class Run:
         self.start_time, self.paused_seconds, self.last_print, self.recent_returns = time.time(), 0.0, 0.0, []
         name = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
         self.dir = os.path.join("runs", ckpt["run_name"] if ckpt else name)
-        if self.rank != 0:
+        if RANK != 0:
             return
-        try:
-            os.makedirs(self.dir, exist_ok=True)
-        except OSError as e:
-            fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
-        threads, world = torch.get_num_threads(), int(os.environ.get("WORLD_SIZE", "1"))
+        threads, machines = torch.get_num_threads(), WORLD // int(os.environ.get("LOCAL_WORLD_SIZE", str(WORLD)))
         what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads > 1)}"
-        machines = world // int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        where = f" in each of {world} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if world > 1 else ""
+        where = f" in each of {WORLD} processes on {machines} machine{'s' * (machines > 1)}, each {share}" if WORLD > 1 else ""
         print(f"{SCRIPT}: training on {device} ({what}){where}, torch {torch.__version__}", flush=True)
         if args.track:  # a W&B run named as the run directory (or the resumed one); its files stay in ./wandb
             import wandb
@@ -1117,12 +1109,14 @@ class Run:
                                  name=os.path.basename(self.dir), tags=list(args.wandb_tags) or None,
                                  id=getattr(args, "wandb_id", None), config=dataclasses.asdict(args),
                                  sync_tensorboard=True, save_code=True)  # fmt: skip
-            except Exception as e:  # W&B's own errors (no login, no network) as one line; a new run leaves no directory
-                if not os.listdir(self.dir) and not args.resume:
-                    os.removedirs(self.dir)  # and runs/, if this was its only run
+            except Exception as e:  # W&B's own errors (no login, no network) as one line, before the run directory is made
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
                 fail(f"--track: Weights & Biases did not start ({why}); log in with wandb login, or set WANDB_MODE=offline")
             args.wandb_id = run.id  # saved in checkpoints (not a field: not a hyperparameter)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot write the run directory {self.dir} ({e.strerror}); run from a directory where runs/ can be written")
         # purge_step: a run resumed after a hard kill drops the events logged after its checkpoint, so no step repeats
         self.writer = SummaryWriter(self.dir, purge_step=step + 1 if ckpt else None)
         if not ckpt:
@@ -1185,7 +1179,7 @@ class Run:
         if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # imported with --track only
             wandb.finish()
 
-    def stop_and_exit(self, where: str) -> typing.NoReturn:
+    def stop_and_exit(self, where: str):
         """A stop request's end, once its checkpoint is written: the events closed, the command that resumes the run."""
         self.close()
         print(f"stopped at {where}; resume with: {resume_command(self.args, self.dir)}", flush=True)
@@ -1214,10 +1208,13 @@ def save_checkpoint(path: str, kind: str, args: Args, run_dir: str, **state) -> 
     try:
         torch.save({**marks, **state}, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
-    except (OSError, RuntimeError) as error:  # a full disk: torch's zip writer says only "unexpected pos"
+    except (OSError, RuntimeError) as error:  # torch's zip writer says only "unexpected pos" where the disk is full
         with contextlib.suppress(OSError):
             os.remove(f"{path}.tmp")
-        cannot_write(path, error, args)
+        folder = os.path.dirname(path) or "."
+        full = isinstance(error, RuntimeError) and os.path.isdir(folder) and shutil.disk_usage(folder).free < 1 << 20
+        cause = os.strerror(errno.ENOSPC) if full else getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+        end_in_error(f"cannot write {path}: {cause}", args)
     if kind == "checkpoint":
         Run.kept = (path, state.get("global_step"))
 
@@ -1226,10 +1223,9 @@ def non_finite(state, name: str = "") -> str | None:
     """The name of the first floating tensor or array with a NaN or inf in a checkpoint's (nested) state, or None."""
     if isinstance(state, dict | list | tuple):
         items = state.items() if isinstance(state, dict) else enumerate(state)
-        return next((bad for k, v in items if (bad := non_finite(v, f"{name}.{k}" if name else str(k)))), None)
-    if torch.is_tensor(state) and state.is_floating_point() and not torch.isfinite(state).all():
-        return name
-    return name if isinstance(state, np.ndarray) and state.dtype.kind == "f" and not np.isfinite(state).all() else None
+        return next((bad for k, v in items if (bad := non_finite(v, f"{name}.{k}".lstrip(".")))), None)
+    floating = torch.is_tensor(state) or isinstance(state, np.ndarray) and state.dtype.kind == "f"  # (integers are finite)
+    return name if floating and not torch.isfinite(torch.as_tensor(state)).all() else None
 
 
 class NonFinite(ValueError):
@@ -1249,25 +1245,18 @@ def run_main(main, args) -> None:
         if Run.last is not None and Run.last.writer is not None:
             Run.last.writer.close()  # the events up to it kept
         end_in_error(str(error), args)
-    except OSError as error:  # (the events' thread says its own at the next write)
+    except OSError as error:  # a write elsewhere (the events' thread says its own at the next write)
         if error.errno not in UNWRITABLE:
             raise
         folder = os.path.dirname(Run.kept[0]) if Run.kept[0] else "the run directory"
-        cannot_write(os.fsdecode(error.filename) if error.filename else f"into {folder}", error, args)
+        end_in_error(f"cannot write {os.fsdecode(error.filename) if error.filename else 'into ' + folder}: {error.strerror}",
+                     args)  # fmt: skip
 
 
-def cannot_write(path: str, error: BaseException, args) -> typing.NoReturn:
-    cause = getattr(error, "strerror", None) or str(error).strip().splitlines()[0][:200]
-    if isinstance(error, RuntimeError) and os.path.isdir(os.path.dirname(path) or "."):
-        if shutil.disk_usage(os.path.dirname(path) or ".").free < 1 << 20:  # torch's zip writer says "unexpected pos"
-            cause = "No space left on device"
-    end_in_error(f"cannot write {path}: {cause}", args)
-
-
-def end_in_error(what: str, args) -> typing.NoReturn:
+def end_in_error(what: str, args):
     """A run that cannot go on says so in one line, with the checkpoint it left to resume from, and exits 1."""
     kept, step = Run.kept
-    if os.environ.get("RANK", "0") != "0":
+    if RANK != 0:
         left = "process 0 writes the run's checkpoints"
     elif kept is None or not os.path.exists(kept):
         left = "no checkpoint to resume from (--checkpoint-every N writes one every N steps)"
@@ -1280,8 +1269,7 @@ def end_in_error(what: str, args) -> typing.NoReturn:
 
 
 def resume_command(args, run_dir: str) -> str:
-    processes = getattr(args, "world_size", 1)
-    launcher = f"torchrun --nproc_per_node {processes}" if processes > 1 else "python"
+    launcher = f"torchrun --nproc_per_node {args.world_size}" if getattr(args, "world_size", 1) > 1 else "python"
     return f"{launcher} {sys.argv[0]} --env-id {args.env_id} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
 
 
@@ -1289,10 +1277,9 @@ def finite_step(out: tuple, global_step: int) -> tuple:
     """A vector env's step once its rewards and observations are finite (as SB3's VecCheckNan), at one sum per array."""
     for what, x in (("reward", out[1]), ("observation", out[0])):
         if x.dtype.kind == "f" and not np.isfinite(np.add.reduce(x, axis=None)) and not (ok := np.isfinite(x)).all():
-            rows = ok.reshape(len(x), -1).all(axis=1)  # (an overflowing sum of finite values passes)
-            env, value = int(np.flatnonzero(~rows)[0]), x[~ok][0]
-            where = f"env {env}" + (f" of process {os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "")
-            raise NonFinite(f"the env's {what} is {value} at step {global_step:,} ({where}), and nothing learned from it")
+            env = int(np.flatnonzero(~ok.reshape(len(x), -1).all(axis=1))[0])  # (an overflowing sum of finite values passes)
+            where = f"env {env}" + (f" of process {RANK}" if WORLD > 1 else "")
+            raise NonFinite(f"the env's {what} is {x[~ok][0]} at step {global_step:,} ({where}), and nothing learned from it")
     return out
 
 
@@ -1316,35 +1303,29 @@ NUMPY_TYPES += [type(np.dtype(t)) for t in "bool uint8 int8 int16 int32 int64 ui
 
 
 def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
-    """A checkpoint of this script and env, or one line that says what the file is instead."""
-    what = "checkpoint.pt" if kind == "checkpoint" else f"{SCRIPT[:-3]}.model"
+    """A checkpoint (or final model) of this script and env, or one line that says what the file is instead."""
+    what = f"the runs/<run>/{'checkpoint.pt' if kind == 'checkpoint' else SCRIPT[:-3] + '.model'} of a {SCRIPT} run"
     if not os.path.isfile(path):
-        fail(f"checkpoint '{path}' does not exist; pass the runs/<run>/{what} of an earlier {SCRIPT} run")
+        fail(f"checkpoint '{path}' does not exist; pass {what}")
     try:
         # weights_only: the safe unpickler (tensors, plain values, NUMPY_TYPES only); mmap: a large checkpoint read as used
         with torch.serialization.safe_globals(NUMPY_TYPES):
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        if "WeightsUnpickler" in str(e):
-            found = re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e))
-            objects = found and (found.group(1) or found.group(2)) or "objects"
-            unread = f"'{path}' holds {objects} beside tensors and plain values, which no checkpoint holds, so it was not read"
-            fail(f"{unread} (nothing in it ran); pass the runs/<run>/{what} of a {SCRIPT} run, from a source you trust")
-        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass the runs/<run>/{what} of a {SCRIPT} run")
-    script = state.get("script") if isinstance(state, dict) else None
-    if script != SCRIPT:
-        found = f"a {script} checkpoint" if script else "not a checkpoint of this project's scripts"
-        fail(f"'{path}' is {found}; pass the runs/<run>/{what} of a {SCRIPT} run" + (f", or run {script}" if script else ""))
-    written = f"{SCRIPT} checkpoint format {state.get('format', '0 (from before format numbers)')}"
-    if state.get("format") != CHECKPOINT_FORMAT:
-        fix = f"rerun, or resume it with the version of {SCRIPT} that wrote it"
-        fail(f"'{path}' has {written}, and this {SCRIPT} reads format {CHECKPOINT_FORMAT}; {fix}")
-    required = ["kind", "args", "run_name", "fields", *state.get("fields", [])]
-    if missing := [k for k in required if k not in state] + ["args.env_id"] * ("env_id" not in state.get("args", {})):
-        fail(f"'{path}' ({written}) lacks {', '.join(missing)}: it was cut short or edited; resume from another checkpoint")
-    if state["kind"] != kind:
-        fix = "pass the runs/<run>/checkpoint.pt that --checkpoint-every or a Ctrl-C wrote"
-        fail(f"'{path}' is a final model, which has no optimiser state or step counters to resume from; {fix}")
+    except Exception as e:  # the safe unpickler's refusal names the object it met
+        if found := "WeightsUnpickler" in str(e) and re.search(r"GLOBAL (\S+)|got <class '([^']+)'>", str(e)):
+            unread = f"holds {found.group(1) or found.group(2)} beside tensors and plain values, so it was not read"
+            fail(f"'{path}' {unread} (nothing in it ran); pass {what}, from a source you trust")
+        fail(f"'{path}' cannot be read as a checkpoint ({type(e).__name__}); pass {what}")
+    # what the file is: this script's checkpoint or final model, of this layout (CHECKPOINT_FORMAT), with every field
+    marks = state if isinstance(state, dict) else {}
+    script, found_kind, layout = marks.get("script"), marks.get("kind"), marks.get("format", 0)
+    missing = [k for k in ("args", "run_name", *marks.get("fields", ())) if k not in marks]
+    missing += ["args.env_id"] * ("env_id" not in marks.get("args", {}))
+    if (script, found_kind, layout) != (SCRIPT, kind, CHECKPOINT_FORMAT) or missing:
+        found = f"a {script} {found_kind} of format {layout}" if script else "a file no script of this project wrote"
+        found += f" (which lacks {', '.join(missing)})" if missing and script == SCRIPT else ""
+        other = f", or run {script}" if script and script != SCRIPT else ""
+        fail(f"'{path}' is {found}, not a {SCRIPT} {kind} of format {CHECKPOINT_FORMAT}; pass {what}{other}")
     if state["args"]["env_id"] != env_id:
         fail(f"checkpoint '{path}' is for {state['args']['env_id']}, not {env_id}; pass --env-id {state['args']['env_id']}")
     if kind == "checkpoint":  # the one a failed write names
@@ -1354,19 +1335,19 @@ def load_checkpoint(path: str, env_id: str, kind: str = "checkpoint") -> dict:
 
 def write_video(path: str | None, frames: list) -> None:
     """A video is a view of the run, not its state: one that cannot be written is warned about, and the run goes on."""
-    if path is not None and frames:
-        import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
+    if path is None or not frames:
+        return
+    import imageio  # only needed for --capture-video; imageio-ffmpeg ships its own ffmpeg binary
 
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            imageio.mimsave(path, frames, fps=30, macro_block_size=1)
-        except OSError as error:
-            print(f"{SCRIPT}: warning: cannot write {path}: {error.strerror or error}; the run goes on", file=sys.stderr)
-            with contextlib.suppress(OSError):
-                os.remove(path)  # no video cut short
-            return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        imageio.mimsave(path, frames, fps=30, macro_block_size=1)
         if (wandb := sys.modules.get("wandb")) and wandb.run is not None:  # with --track, beside the scalars
             wandb.log({f"videos/{os.path.basename(path)[:-4]}": wandb.Video(path, format="mp4")})
+    except OSError as error:
+        print(f"{SCRIPT}: warning: cannot write {path}: {error.strerror or error}; the run goes on", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.remove(path)  # no video cut short
 
 
 def envpool_has(env_id: str) -> bool:

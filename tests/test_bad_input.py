@@ -176,14 +176,14 @@ def test_a_checkpoint_that_is_not_this_scripts_gets_one_line(name, tmp_path):
     expected = {
         "missing.pt": r"does not exist; pass the runs/<run>/checkpoint.pt",
         "garbage.pt": r"cannot be read as a checkpoint",
-        "foreign.pt": rf"is a {other} checkpoint; pass .* or run {other}",
-        "legacy.pt": r"is not a checkpoint of this project's scripts",
-        f"{name}.model": r"is a final model, which has no optimiser state",
+        "foreign.pt": rf"is a {other} checkpoint of format 0, not a {name}\.py .*, or run {other}$",
+        "legacy.pt": r"is a file no script of this project wrote, not a",
+        f"{name}.model": rf"is a {name}\.py model of format \d+, not a {name}\.py checkpoint of format \d+; pass the runs/",
         "other_env.pt": rf"is for Foo-v0, not {env_id}; pass --env-id Foo-v0",
-        "unnumbered.pt": rf"has {name}.py checkpoint format 0 \(from before format numbers\), and this {name}.py reads format "
-        rf"{MODULES[name].CHECKPOINT_FORMAT}; rerun, or resume it with the version of {name}.py that wrote it",
-        "other_format.pt": rf"has {name}.py checkpoint format 99, and this {name}.py reads format",
-        "cut_short.pt": r"lacks optimizer: it was cut short or edited; resume from another checkpoint",
+        "unnumbered.pt": rf"is a {name}\.py checkpoint of format 0, not a {name}\.py checkpoint of format "
+        rf"{MODULES[name].CHECKPOINT_FORMAT}; pass the runs/<run>/checkpoint\.pt of a {name}\.py run$",
+        "other_format.pt": rf"is a {name}\.py checkpoint of format 99, not a {name}\.py checkpoint of format",
+        "cut_short.pt": r"checkpoint of format \d+ \(which lacks optimizer\), not a",
         "no_env_id.pt": r"lacks args.env_id",
     }
     for file, content in files.items():

@@ -90,8 +90,8 @@ BAD_INPUT = {
         ),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
-        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
-        (["--resume", "A2C_MODEL"], r"is a final model, which has no optimiser state"),
+        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint of format \d+, not a .*, or run ppo\.py$"),
+        (["--resume", "A2C_MODEL"], r"is a a2c\.py model of format \d+, not a a2c\.py checkpoint"),
         (["--env-id", "FrozenLake-v1"], r"image observation, and FrozenLake-v1 has Discrete\(16\); use qlearning.py"),
         # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
         (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
@@ -163,7 +163,7 @@ BAD_INPUT = {
         (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than the 8 rollouts of a phase"),
         (["--num-minibatches", "3"], r"does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
-        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
+        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint of format \d+, not a .*, or run ppo\.py$"),
         (["--resume", "FOREIGN"], r"is for BigfishEasy-v0, not StarpilotEasy-v0; pass --env-id BigfishEasy-v0"),
     ],
     "rnd_ppo": [
@@ -172,7 +172,7 @@ BAD_INPUT = {
         (["--env-id", "MontezumaRevenge-v4"], r"unknown env id 'MontezumaRevenge-v4'.*; envpool.list_all_envs"),
         (["--num-minibatches", "3"], r"128 does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
-        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint; .*, or run ppo\.py"),
+        (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint of format \d+, not a .*, or run ppo\.py$"),
         (["--resume", "FOREIGN"], r"is for Venture-v5, not MontezumaRevenge-v5; pass --env-id Venture-v5"),
     ],
 }  # fmt: skip
