@@ -545,9 +545,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if not vector or not (bounded or isinstance(action_space, gym.spaces.Discrete)):  # tanh is scaled to the bounds
         fail(f"es.py needs vector observations and Discrete or bounded Box actions, and {args.env_id} has {obs_space} "
              f"and {action_space}; pick an env with those")  # fmt: skip
-    preset_flags = {name for preset in PRESETS.values() for name in preset}
     refuse_meaningless(args, [
-        (("preset",), preset_flags <= args.typed, "only sets defaults, and every flag a preset sets is given"),
+        (("preset",), {n for p in PRESETS.values() for n in p} <= args.typed, "only sets defaults, and all it sets are given"),
         (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
     ])  # fmt: skip
@@ -557,7 +556,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.population_size % (n := 2 * args.world_size):
         fail(f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
              f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // n) * n}")  # fmt: skip
-    # else the env's time limit; gym.make, not gym.spec, imports the module of a 'module:Env-v0' id
+    # the horizon: --max-episode-steps, else the env's time limit (gym.make, not gym.spec, imports a 'module:Env-v0' module)
     spec = envpool.make_spec(args.env_id).config if envpool_has(args.env_id) else gym.make(args.env_id).spec
     args.horizon = int(args.max_episode_steps or spec.max_episode_steps or 0)
     if args.horizon < 1:
