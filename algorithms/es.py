@@ -294,7 +294,7 @@ def main(args: Args) -> None:
     # Adam's defaults are the starter code's (beta1 0.9, beta2 0.999, epsilon 1e-8)
     optimizer = torch.optim.Adam([theta], lr=args.learning_rate)
     obs_rms = ObsStatistics((obs_dim,), device) if args.norm_obs else None
-    global_step, start_generation = restore_run(run, policy, theta, optimizer, obs_rms)  # 0, 1 unless resumed
+    global_step, start_generation = restore_run(run, theta, optimizer, obs_rms)  # 0, 1 unless resumed
 
     # this process's slice of the population: members first_member .. first_member + members - 1
     members = args.population_size // args.world_size
@@ -506,7 +506,6 @@ def stop_processes_and_exit(run: "Run", where: str):
     sys.exit(128 + run.stop[0])
 
 
-# --- evaluation, storage reckoning, argument checks ---
 @torch.no_grad()
 def evaluate(policy: Policy, obs_rms: ObsStatistics | None, args: Args, device: torch.device, video: str | None = None):
     """The returns of one episode (up to the horizon) on each of args.eval_episodes envs, statistics frozen; video: env 0's."""
@@ -541,16 +540,13 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
     """What the ranges cannot tell: the spaces, the horizon, the hidden sizes, the population's split over processes."""
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        fail(f"es.py handles Discrete and Box action spaces, and {args.env_id} has {action_space}; pick an env with one")
-    if isinstance(action_space, gym.spaces.Box) and not np.isfinite(np.r_[action_space.low, action_space.high]).all():
-        fail(f"es.py scales tanh to the action bounds, and {args.env_id}'s are not finite; pick an env with bounded actions")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        fail(f"es.py needs a vector observation, and {args.env_id} has {obs_space}; pick an env with Box(n,) observations")
-    preset_flags = dict.fromkeys(name for preset in PRESETS.values() for name in preset)  # every flag a preset sets
+    bounded = isinstance(action_space, gym.spaces.Box) and np.isfinite(np.r_[action_space.low, action_space.high]).all()
+    vector = isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+    if not vector or not (bounded or isinstance(action_space, gym.spaces.Discrete)):  # tanh is scaled to the bounds
+        fail(f"es.py needs vector observations and Discrete or bounded Box actions, and {args.env_id} has {obs_space} "
+             f"and {action_space}; pick an env with those")  # fmt: skip
     refuse_meaningless(args, [
-        (("preset",), set(preset_flags) <= getattr(args, "typed", frozenset()),
-         f"only sets the defaults of {', '.join('--' + n.replace('_', '-') for n in preset_flags)}, and all are given"),
+        (("preset",), {n for p in PRESETS.values() for n in p} <= args.typed, "only sets defaults, and all it sets are given"),
         (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
     ])  # fmt: skip
@@ -560,22 +556,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.population_size % (n := 2 * args.world_size):
         fail(f"--population-size {args.population_size} must be a positive multiple of 2 x {args.world_size} process(es) "
              f"(antithetic pairs, split evenly over the processes); pass {-(-args.population_size // n) * n}")  # fmt: skip
-    args.horizon = args.max_episode_steps
-    if not args.horizon:  # the env's own time limit; gym.make, not gym.spec, imports the module of a 'module:Env-v0' id
-        spec = envpool.make_spec(args.env_id).config if envpool_has(args.env_id) else gym.make(args.env_id).spec
-        args.horizon = int(getattr(spec, "max_episode_steps", 0) or 0)
+    # the horizon: --max-episode-steps, else the env's time limit (gym.make, not gym.spec, imports a 'module:Env-v0' module)
+    spec = envpool.make_spec(args.env_id).config if envpool_has(args.env_id) else gym.make(args.env_id).spec
+    args.horizon = int(args.max_episode_steps or spec.max_episode_steps or 0)
     if args.horizon < 1:
         fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
     if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):  # process 0 evaluates
-        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
-            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
+        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
 
 
-# --- the start and the end of a run ---
 def start_run(args: Args) -> "Run":
-    """Checks, processes (torchrun) and device, storage, checkpoint; process 0 alone gets a run directory and a writer."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args, small=True)
@@ -589,13 +579,10 @@ def start_run(args: Args) -> "Run":
     return run
 
 
-def restore_run(run: "Run", policy: Policy, theta, optimizer, obs_rms) -> tuple[int, int]:
-    """A resumed run's parameters, Adam's moments, statistics and RNG states; returns (global_step, first generation)."""
+def restore_run(run: "Run", theta, optimizer, obs_rms) -> tuple[int, int]:
     if not (ckpt := run.ckpt):
         return 0, 1
-    policy.load_state_dict(ckpt["model"])
-    with torch.no_grad():
-        theta.copy_(nn.utils.parameters_to_vector(policy.parameters()))
+    theta.detach().copy_(nn.utils.parameters_to_vector(ckpt["model"].values()))  # the policy's weights, in that order
     optimizer.load_state_dict(ckpt["optimizer"])
     if obs_rms is not None:
         obs_rms.load_state_dict(ckpt["obs_rms"])
@@ -606,9 +593,7 @@ def restore_run(run: "Run", policy: Policy, theta, optimizer, obs_rms) -> tuple[
 
 
 def end_iteration(run: "Run", args: Args, generation: int, global_step: int, policy, theta, optimizer, obs_rms):
-    """Process 0 evaluates the mean policy (--eval-every) and checkpoints (--checkpoint-every; a stop, which stops all)."""
-    if run.rank == 0:
-        nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
+    nn.utils.vector_to_parameters(theta.detach(), policy.parameters())
     if run.rank == 0 and crossed(generation, 1, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(policy, obs_rms, args, run.device, run.video(generation)), global_step)
@@ -622,7 +607,6 @@ def end_iteration(run: "Run", args: Args, generation: int, global_step: int, pol
 
 
 def end_run(args: Args, run: "Run", policy: Policy, obs_rms, global_step: int) -> None:
-    """The processes leave together; process 0 saves the final model, reloads it from disk, evaluates it, and finishes."""
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
