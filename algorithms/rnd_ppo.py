@@ -704,9 +704,8 @@ def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int, stic
 
 
 class Rooms:
-    """Rooms per episode and over the run, counted from the RAM as the reference's MontezumaInfoWrapper (other games
-    log none): the room after a step joins the env's episode (a reset step's, the next episode's); `finished`: (step,
-    rooms) of the episodes ended since the last log; `seen`: every room so far (checkpoints keep it)."""
+    """Rooms from the RAM, as the reference's MontezumaInfoWrapper (other games: none): a step's room joins its env's
+    episode (a reset step's, the next one's); `finished`: (step, rooms) since the last log; `seen`: all, checkpointed."""
 
     ADDRESS = {"MontezumaRevenge": 3, "Pitfall": 1}  # the room byte's address in the RAM
 
@@ -725,10 +724,9 @@ class Rooms:
         """Every process's finished episodes' rooms and all rooms seen, logged by process 0; the progress line's part."""
         everyone = gather_objects((self.seen, self.finished), run.args.world_size)  # one exchange for both
         self.seen, self.finished = np.logical_or.reduce([seen for seen, _ in everyone]), []
-        finished = sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0])
         if run.rank != 0 or self.address is None:
             return ""
-        for step, rooms in finished:
+        for step, rooms in sorted((entry for _, rows in everyone for entry in rows), key=lambda entry: entry[0]):
             run.writer.add_scalar("charts/episode_rooms", rooms, step)
         run.writer.add_scalar("charts/rooms_visited_total", int(self.seen.sum()), global_step)
         return f" | rooms {int(self.seen.sum())}"
@@ -772,22 +770,19 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
 
 def end_iteration(run: "Run", args: Args, nets: dict, finished: list, stats: dict, explained: dict, valid, lr, rewems,
                   global_step: int, iteration: int) -> None:  # fmt: skip
-    """Process 0 logs every process's episodes and rooms, `stats` (the update's and the intrinsic reward's means), both
-    heads' explained variance (`explained`: values, returns) and the learning rate, a NaN or inf in them or the weights
-    ending the run, and evaluates when due; a checkpoint when due or on a stop (asked of any process: all stop here)."""
+    """Process 0 logs every process's episodes and rooms, `stats`, both heads' explained variance (`explained`: values,
+    returns) and the rate, stops on a NaN or inf, evaluates when due; a checkpoint when due or on any process's stop."""
     episodes, rooms = gather_episodes(finished, args.world_size), run.rooms.log(run, global_step)
     if run.rank == 0:
         for step, returns, lengths in episodes:
             run.log_episodes(returns, lengths, step)
-        ev = [explained_variance(*explained[head], valid) for head in ("ext", "int")]
+        ev = [explained_variance(*explained[head], valid) for head in ("ext", "int")]  # NaN where the returns are flat
         weights = parameter_sum(nets["model"], nets["rnd"])[0]
         *terms, ev_ext, ev_int, total = torch.stack([*stats.values(), *ev, weights]).tolist()  # one host sync
         logged = dict(zip(stats, terms, strict=True))
-        intrinsic = logged.pop("intrinsic_reward")
         check_training({**logged, "parameter sum": total}, global_step)
         for name, value in {**logged, "explained_variance": ev_ext, "int_explained_variance": ev_int}.items():
-            run.writer.add_scalar(f"losses/{name}", value, global_step)
-        run.writer.add_scalar("charts/intrinsic_reward", intrinsic, global_step)
+            run.writer.add_scalar(f"{'charts' if name == 'intrinsic_reward' else 'losses'}/{name}", value, global_step)
         run.writer.add_scalar("charts/learning_rate", lr, global_step)
         run.log(global_step, global_step, rooms, force=iteration == args.num_iterations)
         if crossed(global_step, args.batch_size, args.eval_every):
@@ -797,68 +792,51 @@ def end_iteration(run: "Run", args: Args, nets: dict, finished: list, stats: dic
     if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:  # with every process's share
         every_rewems, rngs = gather_rows(rewems, args.world_size), gather_objects(rng_state(run.device), args.world_size)
         if run.rank == 0:
-            run.checkpoint(optimizer=nets["optimizer"].state_dict(), **model_state(nets, every_rewems),
+            run.checkpoint(**{key: net.state_dict() for key, net in nets.items()}, rewems=every_rewems.cpu(),
                            rooms_seen=run.rooms.seen, global_step=global_step, iteration=iteration, rng=rngs)  # fmt: skip
     if stopping:
         run.envs.close()
         stop_processes_and_exit(run, f"step {global_step:,}")
 
 
-def model_state(nets: dict, rewems: torch.Tensor) -> dict:
-    """What the policy and its intrinsic reward need (checkpoint and final model): both networks, every statistic."""
-    return {key: nets[key].state_dict() for key in ("model", "rnd", "obs_rms", "reward_rms")} | dict(rewems=rewems.cpu())
-
-
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
     """The rollout, for check_storage: uint8 frame stacks and next frames, int64 actions, 12 float32 (T, N) tensors."""
-    T, N, shape = args.num_steps, args.num_envs, "x".join(map(str, obs_space.shape))
+    T, N = args.num_steps, args.num_envs
     frames = int(np.prod(obs_space.shape)) + int(np.prod(obs_space.shape[1:]))  # a stack and its next frame
-    rollout = f"the rollout (--num-envs {N} x --num-steps {T} steps of {shape} frames)"
-    return {rollout: (T * N * (frames + 8 + 12 * 4), device, "lower --num-envs or --num-steps")}
+    return {f"the rollout (--num-envs {N} x --num-steps {T})": (T * N * (frames + 8 + 12 * 4), device, "lower them")}
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    """What the ranges alone cannot tell: an Atari env, and flags that only make sense together."""
+    """What the ranges alone cannot tell: an Atari env, and flags that only make sense together; sets the sizes."""
     if not (envpool_has(args.env_id) and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")):
-        what = f"{'image' if len(obs_space.shape or ()) == 3 else 'non-image'} observations of shape {obs_space.shape or ()}"
-        fail(f"rnd_ppo.py runs envpool's Atari games, and {args.env_id} has {what}, not Atari frames; run ppo.py for it")
-    cuda = args.cuda and torch.cuda.is_available()
+        fail(f"rnd_ppo.py runs envpool's Atari games, and {args.env_id} is not one; run ppo.py for it")
     refuse_meaningless(args, [
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
         (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("cudagraphs",), not cuda, "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
     ])  # fmt: skip
-    if args.cudagraphs and not cuda:  # a resumed checkpoint's
+    cuda = args.cuda and torch.cuda.is_available()
+    if args.cudagraphs and not cuda:  # typed, or a resumed checkpoint's
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    n, per = args.num_envs // args.world_size, " of each process" if args.world_size > 1 else ""
-    if args.rnn != "none" and args.compile:  # the update's spans change length with every rollout: a compile each
-        fail(f"--rnn {args.rnn} runs eagerly (its spans change with every rollout); leave out --compile and --cudagraphs")
+    # --rnn: the spans change with every rollout (a compile each); torchrun: gradients are averaged outside the graph
+    if args.compile and (args.rnn != "none" or args.world_size > 1):
+        fail("--compile runs a feed-forward policy in one process; leave out --compile and --cudagraphs")
     if args.num_envs % args.world_size:
-        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of "
-             f"{args.world_size}")  # fmt: skip
-    if args.world_size > 1 and args.compile:  # the gradients are averaged between backward and step, outside the graph
-        fail("--compile runs in one process; with several, leave out --compile and --cudagraphs")
-    if args.rnn != "none" and n % args.num_minibatches:
-        fail(f"--num-minibatches {args.num_minibatches} does not divide the {n} envs{per}: with --rnn a minibatch is "
-             "whole envs; pass a --num-minibatches that divides them")  # fmt: skip
+        fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of them")
+    envs_each, per = args.num_envs // args.world_size, " per process" if args.world_size > 1 else ""
+    # a minibatch is steps; with --rnn, whole envs (their sequences)
+    count, unit = (envs_each, "envs") if args.rnn != "none" else (envs_each * args.num_steps, "steps")
+    if count % args.num_minibatches:
+        fail(f"--num-minibatches {args.num_minibatches} does not divide the rollout's {count} {unit}{per}; pass one that does")
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if n * args.num_steps % args.num_minibatches:
-        fail(f"batch size {n} envs{per} x {args.num_steps} steps = {n * args.num_steps} does not divide into "
-             f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps")  # fmt: skip
-    # the flag out of proportion: the env count where it is further above its default than the budget is below its own
-    many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
-    if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}; pass --num-envs "
-             f"at most {args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
-    if args.chunk_size == 0:
-        args.chunk_size = args.minibatch_size if cuda else 256
+        rollout = f"--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size} steps"
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({rollout}); raise it, or lower the others")
+    args.chunk_size = args.chunk_size or (args.minibatch_size if cuda else 256)
 
 
 def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
@@ -989,8 +967,7 @@ def bf16_note(device: torch.device) -> str:
 
 
 def start_run(args: Args) -> "Run":
-    """Every check before the run directory is made (env, flags, storage, the checkpoint and its process count), this
-    process under torchrun, the Run (process 0 alone writes) and this process's envs."""
+    """Every check (env, flags, storage, the checkpoint and its process count), then this process, the Run and its envs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -1010,11 +987,10 @@ def start_run(args: Args) -> "Run":
 
 
 def restore_run(args: Args, run: "Run", nets: dict, statistics):
-    """A new run's observation statistics from random steps (`statistics`: init_obs_stats; process 0 says how far they
-    are every --progress-interval seconds, and logs how long they took, out of the run's SPS), or a resumed run's
-    networks, optimiser and statistics (`nets`), rooms and this process's RNG states from its checkpoint. Returns this
-    process's envs' intrinsic reward filter state, the step and the iteration to go on from (zeros, 0, 1 when new)."""
-    n, ckpt, total = args.num_envs // args.world_size, run.ckpt, args.num_iterations_obs_norm_init
+    """A resumed run's networks, optimiser and statistics (`nets`), rooms and this process's RNG states from its
+    checkpoint, or a new run's observation statistics from random steps (`statistics`: init_obs_stats), timed out of
+    the run's SPS. Returns this process's envs' intrinsic reward filter state, the step and the iteration to go on from."""
+    n, ckpt = args.num_envs // args.world_size, run.ckpt
     run.rooms = Rooms(args.env_id, n, ckpt["rooms_seen"].copy() if ckpt else np.zeros(256, bool))
     if ckpt is not None:
         for key, net in nets.items():
@@ -1023,30 +999,29 @@ def restore_run(args: Args, run: "Run", nets: dict, statistics):
         if run.rank == 0:
             print(f"resumed {run.dir} at step {ckpt['global_step']:,}")
         return ckpt["rewems"].chunk(args.world_size)[run.rank].to(run.device), ckpt["global_step"], ckpt["iteration"] + 1
-    start = last = time.time()
+    start, random_steps = time.time(), args.num_iterations_obs_norm_init * args.num_steps * args.num_envs
+    if run.rank == 0 and random_steps:  # the line ends when they do
+        print(f"observation statistics from {random_steps:,} random steps", end="", flush=True)
     with run.paused():
-        for done in statistics:
-            if run.rank == 0 and time.time() - last > args.progress_interval and done < total:
-                last, eta = time.time(), (time.time() - start) / done * (total - done)
-                print(f"observation statistics: random rollout {done}/{total} | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
-    if run.rank == 0 and total > 0:
+        list(statistics)  # the random rollouts, stepped as they are drawn
+    if run.rank == 0 and random_steps:
         seconds = time.time() - start
-        print(f"observation statistics from {total * args.num_steps * args.num_envs:,} random steps in {seconds:.1f} s")
+        print(f" in {seconds:.1f} s", flush=True)
         run.writer.add_scalar("charts/obs_norm_init_seconds", seconds, 0)
     return torch.zeros(n, device=run.device), 0, 1
 
 
 def end_run(args: Args, run: "Run", nets: dict, rewems: torch.Tensor, global_step: int) -> None:
-    """Envs closed, every env's filter state gathered, the processes left together; then process 0 alone, with
-    --save-model, saves both networks and every statistic and evaluates the policy reloaded from disk; the end."""
+    """Envs closed, filter states gathered, processes left together; then process 0 saves, reloads and evaluates the model."""
     run.envs.close()
     rewems = gather_rows(rewems, args.world_size)
     end_processes(args.world_size)
     if run.rank != 0:
         leave(args.world_size)
-    if args.save_model:
+    if args.save_model:  # what the policy and its intrinsic reward need: both networks, every statistic
+        model = {key: nets[key].state_dict() for key in ("model", "rnd", "obs_rms", "reward_rms")}
         eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
-        eval_agent.load_state_dict(run.save_and_reload(**model_state(nets, rewems))["model"])
+        eval_agent.load_state_dict(run.save_and_reload(**model, rewems=rewems.cpu())["model"])
         run.log_eval(evaluate(eval_agent, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)
     leave(args.world_size)

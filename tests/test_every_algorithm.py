@@ -167,11 +167,14 @@ BAD_INPUT = {
         (["--resume", "FOREIGN"], r"is for BigfishEasy-v0, not StarpilotEasy-v0; pass --env-id BigfishEasy-v0"),
     ],
     "rnd_ppo": [
-        (["--env-id", "CartPole-v1"], r"runs envpool's Atari games, and CartPole-v1 has non-image .*; run ppo\.py for it"),
-        (["--env-id", "StarpilotEasy-v0"], r"StarpilotEasy-v0 has image observations .*not Atari frames; run ppo\.py"),
+        (["--env-id", "CartPole-v1"], r"runs envpool's Atari games, and CartPole-v1 is not one; run ppo\.py for it"),
+        (["--env-id", "StarpilotEasy-v0"], r"runs envpool's Atari games, and StarpilotEasy-v0 is not one; run ppo\.py"),
         (["--env-id", "MontezumaRevenge-v4"], r"unknown env id 'MontezumaRevenge-v4'.*; envpool.list_all_envs"),
-        (["--num-minibatches", "3"], r"128 does not divide into 3 minibatches"),
-        (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
+        (["--num-minibatches", "3"], r"--num-minibatches 3 does not divide the rollout's 128 steps; pass one that does"),
+        (["--total-timesteps", "100"], r"--total-timesteps 100 is less than one rollout \(--num-envs 4 x --num-steps 32"),
+        # an env count out of proportion to the run: the line names it beside the budget
+        (["--num-envs", "40000", "--total-timesteps", "1000000"],
+         r"--total-timesteps 1000000 is less than one rollout \(--num-envs 40000 x --num-steps 32 = 1280000 steps\)"),
         (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint of format \d+, not a .*, or run ppo\.py$"),
         (["--resume", "FOREIGN"], r"is for Venture-v5, not MontezumaRevenge-v5; pass --env-id Venture-v5"),
     ],
