@@ -492,11 +492,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
         fail(f"it trains one learner from one replay buffer, and torchrun started {processes} processes; run it with python")
-    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        fix = "use dqn.py" if isinstance(action_space, gym.spaces.Discrete) else "it handles 1-D Box action spaces"
-        fail(f"ddpg_td3.py needs Box actions; {args.env_id} has {action_space}: {fix}")
-    if not np.isfinite(np.r_[action_space.low, action_space.high]).all():
-        fail(f"ddpg_td3.py scales the actor's tanh output to the action bounds; {args.env_id} has unbounded {action_space}")
+    if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1 and action_space.is_bounded()):
+        fix = "use dqn.py" if isinstance(action_space, gym.spaces.Discrete) else "wrap the env"
+        fail(f"ddpg_td3.py needs bounded 1-D Box actions (its tanh, scaled to them); {args.env_id} has {action_space}: {fix}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"ddpg_td3.py needs a vector observation; {args.env_id} has {obs_space}")
     refuse_meaningless(args, [

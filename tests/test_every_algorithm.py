@@ -115,7 +115,7 @@ BAD_INPUT = {
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
     ],
     "ddpg_td3": [
-        (["--env-id", "CartPole-v1"], r"needs Box actions; CartPole-v1 has Discrete\(2\).*use dqn.py"),
+        (["--env-id", "CartPole-v1"], r"needs bounded 1-D Box actions .*; CartPole-v1 has Discrete\(2\).*use dqn.py"),
         (["--env-id", "Hoper-v4"], r"unknown env id 'Hoper-v4'.*; envpool.list_all_envs\(\) and gymnasium.registry"),
         (["--learning-starts", "10"], r"--learning-starts 10 is under --batch-size or leaves no gradient step"),
         (["--buffer-size", "100"], r"--buffer-size 100 is less than --batch-size 256"),
