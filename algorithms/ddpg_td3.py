@@ -387,7 +387,6 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery, then the shared run plumbing.
-
 CHECKPOINT_FORMAT = 1  # the layout of checkpoints and models: raise it when a field changes meaning (a resume refuses another)
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
               progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", learning_rate="(0, inf)",
@@ -493,11 +492,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
     if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
         fail(f"it trains one learner from one replay buffer, and torchrun started {processes} processes; run it with python")
-    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        fix = "use dqn.py" if isinstance(action_space, gym.spaces.Discrete) else "it handles 1-D Box action spaces"
-        fail(f"ddpg_td3.py needs Box actions; {args.env_id} has {action_space}: {fix}")
-    if not np.isfinite(np.r_[action_space.low, action_space.high]).all():
-        fail(f"ddpg_td3.py scales the actor's tanh output to the action bounds; {args.env_id} has unbounded {action_space}")
+    if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1 and action_space.is_bounded()):
+        fix = "use dqn.py" if isinstance(action_space, gym.spaces.Discrete) else "wrap the env"
+        fail(f"ddpg_td3.py needs bounded 1-D Box actions (its tanh, scaled to them); {args.env_id} has {action_space}: {fix}")
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         fail(f"ddpg_td3.py needs a vector observation; {args.env_id} has {obs_space}")
     refuse_meaningless(args, [
@@ -506,25 +503,19 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         (("eval_episodes", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
     ])  # fmt: skip
-    for flag in ("learning_starts", "buffer_size"):
-        if getattr(args, flag) < args.batch_size:
-            fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} is less than --batch-size {args.batch_size}; raise it")
-    if args.learning_starts >= args.total_timesteps:
-        fail(f"--learning-starts {args.learning_starts} is not below --total-timesteps {args.total_timesteps}, so no "
-             "gradient step would be taken; lower --learning-starts or raise --total-timesteps")  # fmt: skip
+    if args.buffer_size < args.batch_size:
+        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size}; raise it")
+    if not args.batch_size <= args.learning_starts < args.total_timesteps:
+        fail(f"--learning-starts {args.learning_starts} is under --batch-size or leaves no gradient step; change it")
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.capture_video and not can_render(args.env_id):
-        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
-            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
+    if args.capture_video and not can_render(args.env_id):  # typed, or a resumed checkpoint's
+        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
 
 
-# --- the set-up and the end of a run, and the state a checkpoint holds ---
 def start_run(args: Args) -> "Run":
     """Every check, then the device, the checkpoint read and the Run (run directory, writer), with the env's spaces."""
     obs_space, action_space = env_spaces(args.env_id)
@@ -543,25 +534,21 @@ def restore_run(args: Args, run: "Run", nets: dict, explore_rng, rb: ReplayBuffe
     ckpt = run.ckpt
     for key, net in nets.items():
         net.load_state_dict(ckpt[key])
-    global_step, critic_updates, train_from = ckpt["global_step"], ckpt["critic_updates"], args.learning_starts
     rng_state(run.device, restore=ckpt["rng"])
     explore_rng.bit_generator.state = ckpt["rng"]["explore"]
     rb.generator.set_state(ckpt["rng"]["buffer"])
-    if (saved_buffer := ckpt.pop("replay_buffer")) is not None:
+    global_step, saved = ckpt["global_step"], ckpt.pop("replay_buffer")
+    if saved is not None:
         for name in Batch._fields:
-            getattr(rb, name).copy_(saved_buffer[name])
-        rb.pos, rb.size = saved_buffer["pos"], saved_buffer["size"]
-    else:  # the experience is lost: gather learning_starts steps again before the next gradient step
-        train_from = global_step + args.learning_starts
-    refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps before the next update)"
-    print(f"resumed {run.dir} at step {global_step:,}" + ("" if saved_buffer is not None else refill))
-    return global_step, critic_updates, train_from
+            getattr(rb, name).copy_(saved[name])
+        rb.pos, rb.size = saved["pos"], saved["size"]
+    refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps)" if saved is None else ""
+    print(f"resumed {run.dir} at step {global_step:,}{refill}")
+    return global_step, ckpt["critic_updates"], args.learning_starts + (global_step if saved is None else 0)
 
 
-def end_iteration(args: Args, run: "Run", envs, nets: dict, rb: ReplayBuffer, explore_rng, global_step: int,
-                             critic_updates: int) -> None:  # fmt: skip
-    """After each step of N envs: an evaluation (--eval-every); a checkpoint (--checkpoint-every, and on a stop request:
-    the networks and optimisers, the replay buffer with --save-buffer, counters, RNG states); then the stop."""
+def end_iteration(args: Args, run: "Run", envs, nets: dict, rb, explore_rng, global_step: int, critic_updates: int) -> None:
+    """Each step's end: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and at a stop."""
     if crossed(global_step, args.num_envs, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(nets["model"], args, run.device, run.video(global_step)), global_step)
@@ -570,8 +557,6 @@ def end_iteration(args: Args, run: "Run", envs, nets: dict, rb: ReplayBuffer, ex
         buffer = {name: getattr(rb, name) for name in (*Batch._fields, "pos", "size")} if args.save_buffer else None
         states = {key: net.state_dict() for key, net in nets.items()}
         run.checkpoint(**states, replay_buffer=buffer, global_step=global_step, critic_updates=critic_updates, rng=rng)
-        if run.stop and not args.save_buffer:
-            print(f"the replay buffer is not saved (--save-buffer): a resume refills it for {args.learning_starts:,} steps")
     if run.stop:
         envs.close()
         run.stop_and_exit(f"step {global_step:,}")

@@ -358,12 +358,8 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, checks, checkpoints), then the plumbing.
-import os
-import sys
-
 CHECKPOINT_FORMAT = 1  # raise it when a checkpoint's fields change: --resume then refuses a file of the old layout in one line
 REPLAY_ARRAYS = ("frames", "actions", "rewards", "terminations", "valid", "first")  # the replay buffer with --save-buffer
-# The interval of every numeric flag, checked by parse_args before anything else
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", eval_epsilon="[0, 1]",
               checkpoint_every="[0, inf)", progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)",
               learning_rate="(0, inf)", num_envs="[1, inf)", buffer_size="[1, inf)", gamma="[0, 1]", tau="(0, 1]",
@@ -438,11 +434,6 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
     return envs, False
 
 
-def atari_run(env_id: str, num_envs: int, backend: str) -> bool:
-    """Whether make_env steps envpool's Atari: episodic life, reward clipping, one frame per replay slot."""
-    return pick_backend(env_id, num_envs, backend) == "envpool" and hasattr(envpool.make_spec(env_id).config, "episodic_life")
-
-
 def can_render(env_id: str, backend: str = "auto") -> bool:
     """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
     the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
@@ -471,11 +462,10 @@ def evaluate(q_network: QNetwork, args: Args, device: torch.device, video: str |
     return returns
 
 
-def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The replay buffer in host memory as ReplayBuffer lays it out, for check_storage."""
+def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device, is_atari: bool) -> dict:
+    """The replay buffer in host memory as ReplayBuffer lays it out (one frame a slot on Atari), for check_storage."""
     N, shape = args.num_envs, obs_space.shape
-    frame = shape[1:] if atari_run(args.env_id, N, args.env_backend) else shape
-    slot_bytes = int(np.prod(frame)) * (1 if obs_space.dtype == np.uint8 else 4) + 8 + 4 + 4 + 1 + 1
+    slot_bytes = int(np.prod(shape[1:] if is_atari else shape)) * (1 if obs_space.dtype == np.uint8 else 4) + 8 + 4 + 4 + 1 + 1
     buffer = f"the replay buffer (--buffer-size {args.buffer_size} of {'x'.join(map(str, shape))} observations)"
     return {buffer: ((args.buffer_size // N) * N * slot_bytes, torch.device("cpu"), "lower --buffer-size")}
 
@@ -490,8 +480,8 @@ def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
         )
 
 
-def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
-    """What the ranges alone cannot tell: the env's spaces, and flags that only make sense together."""
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> bool:
+    """The env's spaces and flags that only make sense together; returns whether make_env steps envpool's Atari."""
     if (processes := int(os.environ.get("WORLD_SIZE", "1"))) > 1:
         fail(f"it learns from one replay buffer in one process, and torchrun started {processes}; run it with python")
     if not isinstance(action_space, gym.spaces.Discrete):
@@ -500,7 +490,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"dqn.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    atari = atari_run(args.env_id, args.num_envs, args.env_backend)  # its pick_backend refuses a backend without the env
+    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)  # refuses a backend without the env
+    atari = backend == "envpool" and hasattr(envpool.make_spec(args.env_id).config, "episodic_life")
     refuse_meaningless(args, [
         (("episodic_life", "reward_clip"), not atari, f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("eval_episodes", "eval_epsilon", "capture_video"), not (args.eval_every > 0 or args.save_model),
@@ -509,24 +500,18 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     ])  # fmt: skip
     if args.total_timesteps < args.num_envs:
         fail(f"--total-timesteps {args.total_timesteps} is less than one step of {args.num_envs} envs; raise it")
-    if args.buffer_size // args.num_envs < 8:
-        fail(f"--buffer-size {args.buffer_size} gives under 8 slots to each of --num-envs {args.num_envs} envs; raise it")
-    if args.buffer_size < args.batch_size:
-        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size}; raise --buffer-size")
-    if args.learning_starts < args.batch_size:
-        fail(f"--learning-starts {args.learning_starts} is less than --batch-size {args.batch_size}; raise it")
-    if args.total_timesteps // args.train_frequency <= args.learning_starts // args.train_frequency:
-        fail(f"--learning-starts {args.learning_starts} leaves no gradient step; lower it or raise --total-timesteps")
+    if args.buffer_size < max(args.batch_size, 8 * args.num_envs):
+        fail(f"--buffer-size {args.buffer_size} is less than --batch-size {args.batch_size} or 8 slots per env; raise it")
+    if not args.batch_size <= args.learning_starts < args.total_timesteps - args.total_timesteps % args.train_frequency:
+        fail(f"--learning-starts {args.learning_starts} is under --batch-size or leaves no gradient step; change it")
     if args.start_e < args.end_e:
         fail(f"--start-e {args.start_e} is below --end-e {args.end_e}, so epsilon would never decay; swap them")
     if not (args.cuda and torch.cuda.is_available()) and (args.cudagraphs or "cudagraphs" in getattr(args, "typed", ())):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.capture_video and not can_render(args.env_id, args.env_backend):
-        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
-            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
+    if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
+        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
+    return atari
 
 
 def bf16_note(device: torch.device) -> str:
@@ -545,40 +530,35 @@ def bf16_note(device: torch.device) -> str:
 
 
 def start_run(args: Args) -> "Run":
-    """Every check before the run directory is made (spaces, flags, storage), then the device, a --resume's checkpoint and
-    the Run, with the spaces and whether the envs are envpool's Atari (one frame per replay slot, the full game logged)."""
+    """Every check before the run directory is made, then the device, a --resume's checkpoint and the Run (with the spaces)."""
     obs_space, action_space = env_spaces(args.env_id)
-    check_args(args, obs_space, action_space)
+    is_atari = check_args(args, obs_space, action_space)
     device = seed_and_device(args, small=len(obs_space.shape) == 1)
-    check_storage(storage(args, obs_space, action_space, device))
+    check_storage(storage(args, obs_space, action_space, device, is_atari))
     run = Run(args, load_checkpoint(args.resume, args.env_id) if args.resume else None, device, args.total_timesteps)
     if args.bf16 and (slow := bf16_note(device)):
         print(slow, flush=True)
-    run.obs_space, run.action_space = obs_space, action_space
-    run.is_atari = atari_run(args.env_id, args.num_envs, args.env_backend)
+    run.obs_space, run.action_space, run.is_atari = obs_space, action_space, is_atari
     return run
 
 
 def restore_run(args: Args, run: "Run", q_network, target_network, optimizer, explore_rng, rb) -> tuple[int, int]:
-    """A resume: both networks, Adam's state, the random states, and the replay buffer where the checkpoint has it.
-    Returns global_step and the step after which gradient steps start (a new run: 0 and --learning-starts)."""
+    """A resume's networks, Adam's state, random states and saved replay buffer; returns global_step and train_from."""
     if (ckpt := run.ckpt) is None:
         return 0, args.learning_starts
-    q_network.load_state_dict(ckpt["model"])
-    target_network.load_state_dict(ckpt["target_model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    for key, state in dict(model=q_network, target_model=target_network, optimizer=optimizer).items():
+        state.load_state_dict(ckpt[key])
     rng_state(run.device, restore=ckpt["rng"])
     explore_rng.bit_generator.state = ckpt["rng"]["explore"]
     rb.rng.bit_generator.state = ckpt["rng"]["buffer"]
-    global_step, starts = ckpt["global_step"], args.learning_starts
-    if (saved := ckpt.pop("replay_buffer")) is None:  # the experience is lost: gather it again before the next update
-        print(f"resumed {run.dir} at step {global_step:,} (replay buffer not saved: refilling it for {starts:,} steps)")
-        return global_step, global_step + starts
-    for name in REPLAY_ARRAYS:
-        getattr(rb, name)[...] = saved[name].numpy()
-    rb.pos, rb.size = saved["pos"], saved["size"]
-    print(f"resumed {run.dir} at step {global_step:,}")
-    return global_step, starts
+    global_step, saved = ckpt["global_step"], ckpt.pop("replay_buffer")
+    if saved is not None:
+        for name in REPLAY_ARRAYS:
+            getattr(rb, name)[...] = saved[name].numpy()
+        rb.pos, rb.size = saved["pos"], saved["size"]
+    refill = f" (replay buffer not saved: refilling it for {args.learning_starts:,} steps)" if saved is None else ""
+    print(f"resumed {run.dir} at step {global_step:,}{refill}")
+    return global_step, args.learning_starts + (global_step if saved is None else 0)  # lost experience: gathered again
 
 
 def log_training(args: Args, run: "Run", stats: dict, num_updates: int, epsilon: float, global_step: int) -> None:
@@ -592,23 +572,17 @@ def log_training(args: Args, run: "Run", stats: dict, num_updates: int, epsilon:
 
 
 def end_iteration(args, run: "Run", envs, global_step: int, q_network, target_network, optimizer, rb, explore_rng) -> None:
-    """Each step's end: an evaluation every --eval-every steps; the checkpoint (both networks, Adam's state, the random
-    states, the replay buffer with --save-buffer) every --checkpoint-every steps and at a stop request, which ends the run."""
+    """Each step's end: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and at a stop."""
     if crossed(global_step, args.num_envs, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(q_network, args, run.device, run.video(global_step)), global_step)
     if crossed(global_step, args.num_envs, args.checkpoint_every) or run.stop:
         # torch.from_numpy shares the memory: torch.save writes a 7 GB buffer without copying it first
         buffer = {name: torch.from_numpy(getattr(rb, name)) for name in REPLAY_ARRAYS} | {"pos": rb.pos, "size": rb.size}
-        run.checkpoint(
-            model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict(),
-            replay_buffer=buffer if args.save_buffer else None, global_step=global_step,
-            rng={**rng_state(run.device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state},
-        )  # fmt: skip
+        rng = {**rng_state(run.device), "explore": explore_rng.bit_generator.state, "buffer": rb.rng.bit_generator.state}
+        nets = dict(model=q_network.state_dict(), target_model=target_network.state_dict(), optimizer=optimizer.state_dict())
+        run.checkpoint(**nets, replay_buffer=buffer if args.save_buffer else None, global_step=global_step, rng=rng)
     if run.stop:
-        if not args.save_buffer:  # said just before the resume command
-            print(f"the replay buffer is not in the checkpoint (no --save-buffer): the resumed run refills it for "
-                  f"--learning-starts {args.learning_starts:,} steps before training again")  # fmt: skip
         envs.close()
         run.stop_and_exit(f"step {global_step:,}")
 

@@ -243,20 +243,14 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, optimum, checks), then the shared plumbing.
-import time
-
 import gymnasium as gym
 from gymnasium.envs.toy_text.frozen_lake import MAPS
 
-# Raise it when a checkpoint's or model's fields change, so that --resume refuses another layout in one line
-CHECKPOINT_FORMAT = 1
-
-# The meaningful range of every numeric flag, as an interval; parse_args checks them before anything else happens
+CHECKPOINT_FORMAT = 1  # raise it when a checkpoint's or model's fields change: --resume then refuses the old layout
 RANGES = dict(seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
     progress_interval="[0, inf)", log_every="[1, inf)", total_timesteps="[1, inf)", num_envs="[1, inf)", gamma="[0, 1]",
     learning_rate="(0, 1]", end_learning_rate="(0, 1]", start_e="[0, 1]", end_e="[0, 1]", exploration_fraction="[0, 1]",
     max_episode_steps="[0, inf)", bins="[1, 1000000]", optimum_tolerance="[0, inf)")  # fmt: skip
-
 # Defaults per env that reach the exact optimum (toy text) or a good return (classic control on a grid); typed flags win.
 # FrozenLake8x8: the best greedy policy under its 200-step limit; Taxi, deterministic: asynchronous value iteration.
 PRESETS = {
@@ -268,7 +262,6 @@ PRESETS = {
     "Acrobot-v1": dict(total_timesteps=5_000_000, bins=6),
 }
 PRESETS["CliffWalking-v1"] = PRESETS["CliffWalking-v0"]
-
 # gymnasium 1.4 renamed these; its transition tables (env.unwrapped.P) have the dynamics of envpool's envs
 GYMNASIUM_IDS = {"Taxi-v3": "Taxi-v4", "CliffWalking-v0": "CliffWalking-v1"}
 
@@ -313,17 +306,13 @@ def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int = 0):
 
 
 def make_grid(obs_space: gym.Space, bins: int, obs_low, obs_high) -> Grid:
-    """The grid over Box observations, between the flags' bounds or the space's; Grid() (none) for Discrete ones."""
-    if isinstance(obs_space, gym.spaces.Discrete):
-        return Grid()
+    """The grid over Box observations, between the flags' bounds or the space's."""
     low = np.asarray(obs_low if obs_low is not None else obs_space.low, dtype=np.float64).reshape(-1)
     high = np.asarray(obs_high if obs_high is not None else obs_space.high, dtype=np.float64).reshape(-1)
     if low.size != (dims := int(np.prod(obs_space.shape))) or high.size != dims:
         fail(f"--obs-low and --obs-high need {dims} values each, one per dimension of {obs_space}; pass {dims} to each")
-    if (bad := np.flatnonzero(~(np.isfinite(low) & np.isfinite(high)))).size:
-        fail(f"the grid is unbounded in dimensions {bad.tolist()}; bound it with --obs-low and --obs-high ({dims} each)")
-    if (bad := np.flatnonzero(~(high > low))).size:
-        fail(f"the grid is empty in dimensions {bad.tolist()} (high <= low); pass each --obs-high above its --obs-low")
+    if (bad := np.flatnonzero(~(np.isfinite(low) & np.isfinite(high) & (high > low)))).size:
+        fail(f"the grid is unbounded or empty in dimensions {bad.tolist()}; bound it with --obs-low and --obs-high")
     return Grid(tuple(low.tolist()), tuple(high.tolist()), bins)
 
 
@@ -345,12 +334,11 @@ def transition_tables(env_id: str):
         env = gym.make(GYMNASIUM_IDS.get(env_id, env_id)).unwrapped
     except gym.error.Error:
         return None
-    if not hasattr(env, "P") or not isinstance(env.observation_space, gym.spaces.Discrete):
+    if not hasattr(env, "P"):  # (the callers' observations are Discrete)
         return None
-    num_states, num_actions = env.observation_space.n, env.action_space.n
-    P, T = np.zeros((num_states, num_actions, num_states)), np.zeros((num_states, num_actions, num_states))
-    R = np.zeros((num_states, num_actions))
-    for s, a in np.ndindex(num_states, num_actions):
+    n, m = env.observation_space.n, env.action_space.n  # states, actions
+    P, R, T = np.zeros((n, m, n)), np.zeros((n, m)), np.zeros((n, m, n))
+    for s, a in np.ndindex(n, m):
         for p, s2, r, terminated in env.P[s][a]:
             P[s, a, s2] += p
             R[s, a] += p * r
@@ -359,8 +347,7 @@ def transition_tables(env_id: str):
 
 
 def log_table_progress(args: Args, run: "Run", q: torch.Tensor, scalars: dict, global_step: int, last: bool):
-    """The scalars (a NaN or inf ends the run); on toy text the greedy policy's exact return, and the step and training
-    seconds from which it stays within --optimum-tolerance of the optimum (run.reached); the progress line."""
+    """The scalars (a NaN or inf ends the run), the greedy policy's exact return on toy text, the progress line."""
     for tag, value in check_training(scalars, global_step).items():
         run.writer.add_scalar(tag, value, global_step)
     exact_text = ""
@@ -368,17 +355,14 @@ def log_table_progress(args: Args, run: "Run", q: torch.Tensor, scalars: dict, g
         with run.paused():
             greedy = exact_return(run.tables, q.argmax(1).cpu().numpy(), run.horizon)
         run.writer.add_scalar("eval/exact_return", greedy, global_step)
-        if run.optimum - greedy > args.optimum_tolerance:
-            run.reached = None
-        elif run.reached is None:
-            run.reached = (global_step, time.time() - run.start_time - run.paused_seconds)
+        within = run.optimum - greedy <= args.optimum_tolerance  # reached: the first log of the stretch within it
+        run.reached = (run.reached or (global_step, time.time() - run.start_time - run.paused_seconds)) if within else None
         exact_text = f" | greedy exact {greedy:.4f} of {run.optimum:.4f}"
     run.log(global_step, global_step, exact_text, force=last)
 
 
 def end_iteration(args: Args, run: "Run", q: torch.Tensor, envs, global_step: int, iteration: int):
-    """The end of an iteration: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every steps
-    and on a stop request (Ctrl-C, SIGTERM), which then ends the run."""
+    """Each step's end: an evaluation every --eval-every steps, a checkpoint every --checkpoint-every and at a stop."""
     if crossed(global_step, args.num_envs, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(q, run.grid, args), global_step)
@@ -388,36 +372,6 @@ def end_iteration(args: Args, run: "Run", q: torch.Tensor, envs, global_step: in
     if run.stop:
         envs.close()
         run.stop_and_exit(f"step {global_step:,}")
-
-
-def show_policy(args: Args, run: "Run", q: np.ndarray, global_step: int) -> None:
-    """On the grid worlds, the greedy policy as a text grid, and drawn to runs/<run>/policy.png: its arrows over the map,
-    on state values max_a Q(s, a) as colours, with its exact return in the title on toy text."""
-    lake, cliff = "←↓→↑", (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")
-    maps = {"FrozenLake-v1": (MAPS["4x4"], lake), "FrozenLake8x8-v1": (MAPS["8x8"], lake), "CliffWalking-v1": cliff}
-    if (found := maps.get(GYMNASIUM_IDS.get(args.env_id, args.env_id))) is None:
-        return
-    (rows, arrows), path = found, os.path.join(run.dir, "policy.png")
-    cells = np.array([list(row) for row in rows])
-    special = np.isin(cells, list("HGC"))  # holes, cliff, goal: their letters, on white; an arrow on every other cell
-    labels = np.where(special, cells, np.array(list(arrows))[q.argmax(1).reshape(cells.shape)])
-    print("greedy policy:\n" + "\n".join(" ".join(line) for line in labels))
-    title = f"{args.env_id}: greedy policy after {global_step:,} steps"
-    if run.tables is not None:
-        title += f"\nexact return {exact_return(run.tables, q.argmax(1), run.horizon):.4f} (optimum {run.optimum:.4f})"
-    from matplotlib.figure import Figure  # drawn without pyplot, so no display or backend is needed
-
-    h, w = cells.shape
-    fig = Figure(figsize=(0.7 * w + 1.6, 0.7 * h + 0.9))
-    ax = fig.subplots()
-    im = ax.imshow(np.ma.masked_array(q.max(1).reshape(h, w), special), cmap="viridis")
-    fig.colorbar(im, ax=ax, label="V(s) = max_a Q(s, a), discounted", fraction=0.046 if w > h else 0.1)
-    for (i, j), label in np.ndenumerate(labels):
-        ax.text(j, i, label, ha="center", va="center", fontsize=14, color="black" if special[i, j] else "white")
-    ax.set(xticks=[], yticks=[])
-    ax.set_title(title, fontsize=9)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    print(f"policy picture: {path}")
 
 
 def evaluate(q: torch.Tensor, grid: Grid, args: Args) -> np.ndarray:
@@ -454,11 +408,9 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
     env_id, discrete = args.env_id, isinstance(obs_space, gym.spaces.Discrete)
     if not isinstance(action_space, gym.spaces.Discrete) or action_space.start != 0:
         fail(f"it needs a Discrete action space (a column per action); {env_id} has {action_space}; use ppo.py or ddpg_td3.py")
-    if isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 3:
-        fail(f"it cannot tabulate {env_id}'s {obs_space.shape} image observations; use dqn.py for images")
-    if not isinstance(obs_space, (gym.spaces.Discrete, gym.spaces.Box)) or getattr(obs_space, "start", 0) != 0:
-        fail(f"it needs Discrete or Box observations (a table row each); {env_id} has {obs_space}; pick another env")
-    grid = make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
+    if not (discrete and obs_space.start == 0 or isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) != 3):
+        fail(f"it needs Discrete or Box vector observations (a table row each); {env_id} has {obs_space}; use dqn.py (images)")
+    grid = Grid() if discrete else make_grid(obs_space, args.bins, args.obs_low, args.obs_high)
     # the exact optimum needs a row per state, gymnasium's transition table and a horizon: looked up only when asked
     typed = "optimum_tolerance" in getattr(args, "typed", ())
     no_exact = typed and not (discrete and episode_horizon(env_id, args.max_episode_steps) and transition_tables(env_id))
@@ -475,36 +427,38 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
 
 
 def start_run(args: Args) -> "Run":
-    """Every check before the run directory is made, then the device, the checkpoint read, the Run (directory, writer,
-    progress line, stop requests), and the exact optimum where gymnasium has the transition table; what main needs."""
+    """Every check before the run directory is made, then the device, the checkpoint read and the Run; on toy text, the
+    exact optimum from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)."""
     obs_space, action_space = env_spaces(args.env_id)
     grid = check_args(args, obs_space, action_space)
     device = seed_and_device(args, small=True)
     check_storage(storage(args, obs_space, action_space, device, grid))
-    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
-    run = Run(args, ckpt, device, args.total_timesteps)
-    run.grid, run.num_actions, run.start_iteration = grid, action_space.n, ckpt["iteration"] + 1 if ckpt else 1
-    run.num_states = obs_space.n if not grid.bins else grid.num_states
-    if ckpt:
-        rng_state(device, restore=ckpt["rng"])
+    run = Run(args, load_checkpoint(args.resume, args.env_id) if args.resume else None, device, args.total_timesteps)
+    run.grid, run.num_actions, run.num_states = grid, action_space.n, grid.num_states if grid.bins else obs_space.n
+    run.start_iteration = run.ckpt["iteration"] + 1 if run.ckpt else 1
+    if run.ckpt:
+        rng_state(device, restore=run.ckpt["rng"])
         print(f"resumed {run.dir} at step {run.start_step:,}")
-    # exact evaluation where gymnasium has the transition table (toy text): the optimum and the greedy policy's value,
-    # from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)
     run.horizon, run.reached = episode_horizon(args.env_id, args.max_episode_steps), None
     run.tables = transition_tables(args.env_id) if not grid.bins and run.horizon else None
-    run.optimum = exact_return(run.tables, None, run.horizon) if run.tables else None
-    if run.optimum is not None:
+    if run.tables:
+        run.optimum = exact_return(run.tables, None, run.horizon)
         print(f"exact optimum over {run.horizon} steps from gymnasium's start states (value iteration): {run.optimum:.4f}")
     return run
 
 
 def end_run(args: Args, run: "Run", q: torch.Tensor, global_step: int) -> None:
-    """When the greedy policy came within the tolerance of the optimum; the greedy policy shown (grid worlds); with
-    --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
+    """When the greedy policy came within the tolerance of the optimum; on the grid worlds, the greedy policy as a text
+    grid; with --save-model the final table saved, reloaded from disk and evaluated; then the run's end."""
     if run.reached is not None:
         (step, seconds), tol = run.reached, args.optimum_tolerance
         print(f"greedy policy within {tol} of the optimum from step {step:,} on ({seconds:.1f} s of training)")
-    show_policy(args, run, q.cpu().numpy(), global_step)
+    lake, cliff = "←↓→↑", (["." * 12] * 3 + ["S" + "C" * 10 + "G"], "↑→↓←")  # the arrows in the order of the actions
+    maps = {"FrozenLake-v1": (MAPS["4x4"], lake), "FrozenLake8x8-v1": (MAPS["8x8"], lake), "CliffWalking-v1": cliff}
+    if (found := maps.get(GYMNASIUM_IDS.get(args.env_id, args.env_id))) is not None:  # holes, cliff, goal: their letters
+        cells, arrows = np.array([list(row) for row in found[0]]), np.array(list(found[1]))
+        labels = np.where(np.isin(cells, list("HGC")), cells, arrows[q.argmax(1).cpu().numpy().reshape(cells.shape)])
+        print("greedy policy:\n" + "\n".join(" ".join(line) for line in labels))
     if args.save_model:
         state = run.save_and_reload(q=q.cpu(), grid=dataclasses.asdict(run.grid))
         run.log_eval(evaluate(state["q"].to(run.device), Grid(**state["grid"]), args), global_step, run.model_path)

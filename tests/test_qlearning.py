@@ -120,9 +120,8 @@ def test_frozenlake_greedy_policy_within_002_of_the_exact_optimum(tmp_path):
     optimum, greedy = optimum_and_greedy_value("FrozenLake-v1", 100, table)
     assert optimum == pytest.approx(0.744, abs=5e-4)
     assert greedy >= optimum - 0.02
-    # shown: the text grid, the picture next to the logs, the exact curve and the reloaded table's evaluation
+    # shown: the text grid, the exact curve and the reloaded table's evaluation
     assert "greedy policy:\n" in proc.stdout and re.search(r"\n[←↓→↑] H [←↓→↑] H\n", proc.stdout)
-    assert (run / "policy.png").stat().st_size > 5000
     assert values(run, "eval/exact_return")[-1] == pytest.approx(greedy)
     assert len(values(run, "eval/episodic_return")) == 1000
     assert abs(np.mean(values(run, "eval/episodic_return")) - greedy) < 0.05  # 1000 episodes: 3.6 standard errors

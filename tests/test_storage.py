@@ -78,7 +78,7 @@ def test_a_small_run_says_its_device_first_and_keeps_what_its_storage_reckons(ru
         args = module.parse_args(flags)
         obs_space, action_space = module.env_spaces(args.env_id)
         check = module.check_args(args, obs_space, action_space)
-        extra = (check,) if name == "qlearning" else ()  # its grid
+        extra = (check,) if name in ("qlearning", "dqn") else ()  # its grid; whether the envs are Atari
         reckoned.update(module.storage(args, obs_space, action_space, torch.device("cpu"), *extra))
         sys.setprofile(profile)
         try:
