@@ -666,6 +666,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"ppo.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     refuse_meaningless(args, [  # --norm-obs: normalised floats do not fit the uint8 storage
         (("norm_obs",), obs_space.dtype == np.uint8, f"is for float observations, and {args.env_id} has uint8 ones"),
         (("episodic_life", "reward_clip", "frame_stack"), not atari_id(args.env_id),
@@ -674,19 +675,16 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
         (("bf16",), len(obs_space.shape) == 1, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
+        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
+         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+        (("compile", "cudagraphs"), args.rnn != "none", "is for runs without --rnn, whose spans change length every rollout"),
+        (("compile", "cudagraphs"), args.world_size > 1, "runs in one process (gradients are averaged outside the update)"),
     ])  # fmt: skip
     args.norm_obs = args.norm_obs and obs_space.dtype != np.uint8  # a preset's: uint8 observations are scaled, not normalised
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.rnn != "none" and args.compile:  # the update's spans change length every rollout: a compile each
-        fail(f"--rnn {args.rnn} runs eagerly (its spans change length every rollout); leave out --compile and --cudagraphs")
-    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.num_envs % args.world_size:
         fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of "
              f"{args.world_size}, or start another number of processes")  # fmt: skip
-    if args.world_size > 1 and args.compile:  # gradients are averaged between backward and step, outside the compiled update
-        fail("--compile runs in one process; leave out --compile and --cudagraphs, or start one process")
     envs_each = args.num_envs // args.world_size
     each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
     if args.rnn != "none" and envs_each % args.num_minibatches:
@@ -700,7 +698,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs {args.num_envs} x --num-steps "
              f"{args.num_steps} = {args.batch_size} steps); raise it, or lower --num-envs or --num-steps")  # fmt: skip
-    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
         fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); run without it (--no-capture-video)")
 
@@ -832,6 +829,7 @@ def start_run(args: Args) -> "Run":
     if atari_id(args.env_id):  # --frame-stack frames (envpool's spec has its default, 4)
         obs_space = gym.spaces.Box(0, 255, (args.frame_stack, *obs_space.shape[1:]), np.uint8)
     check_args(args, obs_space, action_space)
+    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)  # one line where the chosen backend lacks the env
     rank, device, note = start_processes(args, small=len(obs_space.shape) == 1)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
@@ -843,7 +841,6 @@ def start_run(args: Args) -> "Run":
         if line and rank == 0:
             print(line, flush=True)
     # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
-    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
     run.envs, run.is_atari = make_env(args.env_id, n, seed, args.episodic_life, args.reward_clip, backend, args.frame_stack)
     run.obs_space, run.action_space = obs_space, action_space
@@ -858,8 +855,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rollout: dict, lr, global_step, iteration):
-    """Process 0 logs every process's episodes, the losses (one host sync) and the progress line, and evaluates; then the
-    checkpoint, with every process's RNG states (--checkpoint-every, or a stop request, which then ends the run)."""
+    """Process 0 logs every process's episodes, the losses (one host sync) and progress, and evaluates; then the checkpoint."""
     agent, optimizer, obs_rms, return_rms = nets
     episodes = gather_episodes(finished, args.world_size)
     if run.rank == 0:
