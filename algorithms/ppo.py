@@ -560,7 +560,7 @@ def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False)
     return backend
 
 
-def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, render=False, frame_stack=4):
+def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, frame_stack=4, render=False):
     """A vector env with next-step autoreset (the loop masks the reset step out), and whether it is envpool's Atari."""
     render_kwargs = dict(render_mode="rgb_array") if render else {}
     if pick_backend(env_id, num_envs, backend, render) == "envpool":
@@ -575,14 +575,6 @@ def make_env(env_id, num_envs, seed, episodic_life, reward_clip, backend, render
 def atari_id(env_id: str) -> bool:
     """An envpool Atari id (its config has the life-loss option), whose observations stack frames."""
     return envpool_has(env_id) and hasattr(envpool.make_spec(env_id).config, "episodic_life")
-
-
-def stacked_spaces(env_id: str, frame_stack: int) -> tuple[gym.Space, gym.Space]:
-    """env_spaces, with an Atari observation of `frame_stack` frames (envpool's spec has its default, 4)."""
-    obs_space, action_space = env_spaces(env_id)
-    if atari_id(env_id):
-        obs_space = gym.spaces.Box(0, 255, (frame_stack, *obs_space.shape[1:]), np.uint8)
-    return obs_space, action_space
 
 
 def can_render(env_id: str, backend: str = "auto") -> bool:
@@ -613,7 +605,7 @@ def bf16_note(device: torch.device) -> str:
 def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: torch.device, video: str | None = None):
     """One full episode per eval env (raw score, no life loss or clipping, statistics frozen): the returns; video: env 0's."""
     seed, render = args.seed + 100_000, video is not None
-    envs, _ = make_env(args.env_id, args.eval_episodes, seed, False, False, args.env_backend, render, args.frame_stack)
+    envs, _ = make_env(args.env_id, args.eval_episodes, seed, False, False, args.env_backend, args.frame_stack, render)
     obs, _ = envs.reset()
     returns, finished = np.zeros(args.eval_episodes), np.zeros(args.eval_episodes, dtype=bool)
     frames, state = [], agent.initial_state(args.eval_episodes, device)  # memory carried through each first episode
@@ -674,31 +666,25 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"ppo.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    frames = len(obs_space.shape) == 3
-    vectors, kind = ("vector", "frames") if frames else ("float", "ones")
-    uint8_obs = f"is for {vectors} observations, and {args.env_id} has uint8 {kind}"
-    refuse_meaningless(args, [
-        (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
+    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    refuse_meaningless(args, [  # --norm-obs: normalised floats do not fit the uint8 storage
+        (("norm_obs",), obs_space.dtype == np.uint8, f"is for float observations, and {args.env_id} has uint8 ones"),
         (("episodic_life", "reward_clip", "frame_stack"), not atari_id(args.env_id),
          f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
         (("eval_episodes", "eval_deterministic", "capture_video"), not (args.eval_every > 0 or args.save_model),
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
-        (("bf16",), not frames, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
+        (("bf16",), len(obs_space.shape) == 1, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
+        (("cudagraphs",), not (args.cuda and torch.cuda.is_available()),
+         "needs a CUDA device, and this run is on the CPU (--compile works on the CPU)"),
+        (("compile", "cudagraphs"), args.rnn != "none", "is for runs without --rnn, whose spans change length every rollout"),
+        (("compile", "cudagraphs"), args.world_size > 1, "runs in one process (gradients are averaged outside the update)"),
     ])  # fmt: skip
-    if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
-        fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
-    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
-        fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
+    args.norm_obs = args.norm_obs and obs_space.dtype != np.uint8  # a preset's: uint8 observations are scaled, not normalised
     args.compile = args.compile or args.cudagraphs
-    if args.rnn != "none" and args.compile:  # the update's spans change length every rollout: a compile each
-        fail(f"--rnn {args.rnn} runs eagerly (its spans change length every rollout); leave out --compile and --cudagraphs")
-    args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.num_envs % args.world_size:
         fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; pass a multiple of "
              f"{args.world_size}, or start another number of processes")  # fmt: skip
-    if args.world_size > 1 and args.compile:  # gradients are averaged between backward and step, outside the compiled update
-        fail("--compile runs in one process; leave out --compile and --cudagraphs, or start one process")
     envs_each = args.num_envs // args.world_size
     each = f" ({envs_each} in each of {args.world_size} processes)" if args.world_size > 1 else ""
     if args.rnn != "none" and envs_each % args.num_minibatches:
@@ -709,19 +695,11 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if envs_each * args.num_steps % args.num_minibatches:
         fail(f"batch size {args.num_envs} envs{each} x {args.num_steps} steps = {args.batch_size} does not divide into "
              f"{args.num_minibatches} minibatches; change --num-minibatches, --num-envs or --num-steps")  # fmt: skip
-    # the flag out of proportion: the env count where it is further above its default than the budget is below its own
-    many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
-    if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}; pass --num-envs "
-             f"at most {args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
-    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
-    if args.capture_video and not can_render(args.env_id, args.env_backend):
-        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
-            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs {args.num_envs} x --num-steps "
+             f"{args.num_steps} = {args.batch_size} steps); raise it, or lower --num-envs or --num-steps")  # fmt: skip
+    if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
+        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); run without it (--no-capture-video)")
 
 
 # Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
@@ -847,8 +825,11 @@ def stop_processes_and_exit(run: "Run", where: str):
 # A run's start and end, as main calls them
 def start_run(args: Args) -> "Run":
     """Every check before the run directory is made; then this process (torchrun: its share), the run and its envs."""
-    obs_space, action_space = stacked_spaces(args.env_id, args.frame_stack)
+    obs_space, action_space = env_spaces(args.env_id)
+    if atari_id(args.env_id):  # --frame-stack frames (envpool's spec has its default, 4)
+        obs_space = gym.spaces.Box(0, 255, (args.frame_stack, *obs_space.shape[1:]), np.uint8)
     check_args(args, obs_space, action_space)
+    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)  # one line where the chosen backend lacks the env
     rank, device, note = start_processes(args, small=len(obs_space.shape) == 1)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
@@ -860,11 +841,8 @@ def start_run(args: Args) -> "Run":
         if line and rank == 0:
             print(line, flush=True)
     # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
-    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
-    run.envs, run.is_atari = make_env(
-        args.env_id, n, seed, args.episodic_life, args.reward_clip, backend, False, args.frame_stack
-    )
+    run.envs, run.is_atari = make_env(args.env_id, n, seed, args.episodic_life, args.reward_clip, backend, args.frame_stack)
     run.obs_space, run.action_space = obs_space, action_space
     return run
 
@@ -877,8 +855,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rollout: dict, lr, global_step, iteration):
-    """Process 0 logs every process's episodes, the losses (one host sync) and the progress line, and evaluates; then the
-    checkpoint, with every process's RNG states (--checkpoint-every, or a stop request, which then ends the run)."""
+    """Process 0 logs every process's episodes, the losses (one host sync) and progress, and evaluates; then the checkpoint."""
     agent, optimizer, obs_rms, return_rms = nets
     episodes = gather_episodes(finished, args.world_size)
     if run.rank == 0:

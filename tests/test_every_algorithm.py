@@ -72,7 +72,7 @@ BAD_INPUT = {
     "ppo": [
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*; envpool.list_all_envs\(\) and gymnasium.registry"),
         (["--env-id", "nosuchmodule:Env-v0"], r"names module 'nosuchmodule', which cannot be imported"),
-        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations, and Breakout-v5 has uint8"),
+        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for float observations, and Breakout-v5 has uint8"),
         (["--num-minibatches", "3"], r"512 does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout"),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),

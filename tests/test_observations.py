@@ -9,7 +9,7 @@ import obs_envs  # noqa: F401  registers the envs in this process, for the in-pr
 import pytest
 import torch
 
-from conftest import CPU, assert_one_error_line, load_algorithm, only_run, run_algorithm, run_bad_input, values
+from conftest import CPU, assert_one_error_line, load_algorithm, load_file, only_run, run_algorithm, run_bad_input, values
 
 # The cue task of tests/obs_envs.py: acting at random scores about 10 an episode, reading the cue 20. Each step's reward
 # is the whole of what its action earns (the next cue does not depend on it), so a short horizon learns it in a few
@@ -80,12 +80,6 @@ REFUSED = [
         )
         for name in ("ppo", "a2c")
     ],
-    pytest.param(  # the recurrent preset turns --norm-obs on: the line says so, and how to turn it off
-        "ppo",
-        ["--env-id", "obs_envs:ByteVector-v0", "--rnn", "lstm"],
-        r"--norm-obs, which this run's preset turns on, is for float observations.*; pass --no-norm-obs$",
-        id="ppo-ByteVector-rnn-preset",
-    ),
     *[
         pytest.param(
             name,
@@ -103,3 +97,12 @@ REFUSED = [
 def test_observations_a_file_cannot_take_are_refused_in_one_line(name, flags, message, tmp_path, test_env):
     """One line that says why and what to do, exit 2, no traceback, no run directory (run_bad_input checks it)."""
     assert_one_error_line(name, run_bad_input(name, flags, tmp_path, "CartPole-v1", env=test_env), message)
+
+
+def test_the_recurrent_preset_leaves_uint8_vectors_unnormalised(tmp_path, test_env):
+    """The classic recurrent preset turns --norm-obs on; on uint8 vectors the run goes on with the bytes scaled to [0, 1]
+    as the network takes them, without running statistics (normalised floats would not fit the uint8 storage)."""
+    flags = ["--env-id", "obs_envs:ByteVector-v0", "--rnn", "lstm", "--total-timesteps", "256", "--save-model"]
+    run_algorithm("ppo", *flags, "--eval-episodes", "1", CPU, cwd=tmp_path, env=test_env)
+    model = load_file(only_run(tmp_path) / "ppo.model")
+    assert model["obs_rms"] is None and not model["args"]["norm_obs"] and model["args"]["rnn_size"] == 64

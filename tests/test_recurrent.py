@@ -297,7 +297,7 @@ def test_a_stopped_recurrent_run_resumes_with_no_gap(tmp_path):
     "flags, message",
     [
         (["--rnn", "lstm", "--num-minibatches", "3"], r"--num-minibatches 3 does not divide --num-envs 8: with --rnn"),
-        (["--rnn", "gru", "--compile"], r"--rnn gru runs eagerly.*leave out --compile"),
+        (["--rnn", "gru", "--compile"], r"--compile is for runs without --rnn.*; leave it out"),
         (["--rnn", "rnn"], r"rnn"),
         (["--rnn", "lstm", "--frame-stack", "1"], r"--frame-stack is for envpool's Atari ids, and \S+ is not one"),
     ],
