@@ -648,8 +648,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"a2c.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    uint8_obs = (f"is for vector observations, and {args.env_id} has uint8 frames" if len(obs_space.shape) == 3 else
-                 f"is for float observations, and {args.env_id} has uint8 ones, scaled by 1/255 in the network")  # fmt: skip
+    uint8_obs = f"is for float observations, and {args.env_id} has uint8 ones, scaled by 1/255 in the network"
     refuse_meaningless(args, [
         (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
         (("episodic_life", "reward_clip"), not atari_id(args.env_id),

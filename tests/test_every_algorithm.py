@@ -94,7 +94,7 @@ BAD_INPUT = {
         (["--resume", "A2C_MODEL"], r"is a final model, which has no optimiser state"),
         (["--env-id", "FrozenLake-v1"], r"image observation, and FrozenLake-v1 has Discrete\(16\); use qlearning.py"),
         # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
-        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
+        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for float observations, and Breakout-v5 has uint8"),
         (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
     ],
     "dqn": [
