@@ -648,9 +648,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"a2c.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    uint8_obs = f"is for float observations, and {args.env_id} has uint8 ones, scaled by 1/255 in the network"
-    refuse_meaningless(args, [
-        (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
+    refuse_meaningless(args, [  # --norm-obs: normalised floats do not fit the uint8 storage
+        (("norm_obs",), obs_space.dtype == np.uint8, f"is for float observations, and {args.env_id} has uint8 ones"),
         (("episodic_life", "reward_clip"), not atari_id(args.env_id),
          f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
@@ -658,8 +657,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
-    if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
-        fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
+    args.norm_obs = args.norm_obs and obs_space.dtype != np.uint8  # a preset's: uint8 observations are scaled, not normalised
     if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
@@ -673,11 +671,11 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps) of --num-envs "
-             f"{args.num_envs} x --num-steps {args.num_steps}; raise it, or lower --num-envs or --num-steps")  # fmt: skip
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs {args.num_envs} x --num-steps "
+             f"{args.num_steps} = {args.batch_size} steps); raise it, or lower --num-envs or --num-steps")  # fmt: skip
     pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
-        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
+        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); run without it (--no-capture-video)")
 
 
 # --- several processes (torchrun): what one process alone does not need, so not part of the shared plumbing ---

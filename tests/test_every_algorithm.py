@@ -83,10 +83,10 @@ BAD_INPUT = {
     "a2c": [
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*; envpool.list_all_envs\(\) and gymnasium.registry"),
         (["--num-envs", "0"], r"--num-envs 0 is out of range; pass a value in \[1, inf\)"),
-        (["--total-timesteps", "10"], r"less than one rollout \(40 steps\)"),
+        (["--total-timesteps", "10"], r"less than one rollout \(--num-envs 8 x --num-steps 5 = 40 steps\)"),
         (
             ["--num-envs", "4", "--num-steps", "50", "--total-timesteps", "199"],
-            r"less than one rollout \(200 steps\)",
+            r"less than one rollout \(--num-envs 4 x --num-steps 50 = 200 steps\)",
         ),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
