@@ -673,7 +673,6 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs {args.num_envs} x --num-steps "
              f"{args.num_steps} = {args.batch_size} steps); raise it, or lower --num-envs or --num-steps")  # fmt: skip
-    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
     if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
         fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); run without it (--no-capture-video)")
 
@@ -796,6 +795,7 @@ def start_run(args: Args) -> "Run":
     """Every check before the run directory is made; then this process (torchrun: its share), the run and its envs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
+    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)  # one line where the chosen backend lacks the env
     rank, device, note = start_processes(args, small=len(obs_space.shape) == 1)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
@@ -807,7 +807,6 @@ def start_run(args: Args) -> "Run":
         if line and rank == 0:
             print(line, flush=True)
     # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
-    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
     run.envs, run.is_atari = make_env(args.env_id, n, seed, args.episodic_life, args.reward_clip, backend)
     run.obs_space, run.action_space = obs_space, action_space
@@ -816,8 +815,7 @@ def start_run(args: Args) -> "Run":
 
 
 def end_iteration(args: Args, run: "Run", nets: tuple, finished: list, stats: dict, batch: dict, lr, global_step, iteration):
-    """Process 0 checks the losses and weights for NaN or inf (one host sync) and, every --log-interval iterations, logs
-    every process's episodes and the mean losses, and evaluates; then the checkpoint (--checkpoint-every, or a stop)."""
+    """Process 0 checks for NaN or inf (one sync), logs every --log-interval iterations and evaluates; then the checkpoint."""
     agent, optimizer, obs_rms, return_rms = nets
     run.loss_sums = run.loss_sums + torch.stack(list(stats.values()))
     run.updates, run.finished = run.updates + 1, run.finished + finished
