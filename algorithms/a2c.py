@@ -456,8 +456,8 @@ import traceback
 
 import torch.distributed as dist
 
-# The layout of checkpoints and models: raised when a field changes, so an old file is refused in one line, not mid-resume
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 2  # the layout of checkpoints and models: raised when a field changes, so --resume refuses another
+NETS = ("model", "optimizer", "obs_rms", "return_rms")  # the states a checkpoint holds of the nets main hands end_iteration
 
 RANGES = dict(  # every numeric flag's interval, checked before anything else happens
     seed="[0, 1e9]", eval_every="[0, inf)", eval_episodes="[1, inf)", checkpoint_every="[0, inf)",
@@ -466,9 +466,8 @@ RANGES = dict(  # every numeric flag's interval, checked before anything else ha
     rmsprop_eps="(0, inf)", ent_coef="[0, inf)", vf_coef="[0, inf)", max_grad_norm="(0, inf)", rnn_size="[1, 16384]",
 )  # fmt: skip
 
-# rl-baselines3-zoo's hyperparams/a2c.yml over SB3's A2C defaults (Args'), whose results benchmark/a2c.sh reproduces:
-# classic is its CartPole-v1 entry; mujoco's `normalize: true` is VecNormalize's training defaults (observations and
-# rewards). A preset only changes defaults: a flag on the command line wins.
+# rl-baselines3-zoo's hyperparams/a2c.yml over SB3's A2C defaults (Args'), whose results benchmark/a2c.sh reproduces
+# (classic: its CartPole-v1 entry; mujoco's `normalize: true`: VecNormalize's defaults); a typed flag wins over them
 PRESETS = dict(
     classic=dict(),
     atari=dict(total_timesteps=10_000_000, num_envs=16, ent_coef=0.01, vf_coef=0.25, rmsprop_tf_like=True),
@@ -610,15 +609,12 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd | None, args: Args, device: t
 
 
 def restore_run(args: Args, run: "Run", agent, optimizer, obs_rms, return_rms) -> tuple[int, int]:
-    """--resume: weights, the optimiser's state, the statistics and this process's RNG states from the checkpoint.
-    Returns the step and the iteration to go on from (0 and 1 for a new run)."""
+    """--resume: weights, RMSprop's state, statistics and this process's RNGs put back; the step and iteration to go on."""
     if (ckpt := run.ckpt) is None:
         return 0, 1
-    agent.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    for rms, key in ((obs_rms, "obs_rms"), (return_rms, "return_rms")):
-        if rms is not None:
-            rms.load_state_dict(ckpt[key])
+    for key, net in zip(NETS, (agent, optimizer, obs_rms, return_rms), strict=True):
+        if net is not None:  # the statistics: with --norm-obs and --norm-reward
+            net.load_state_dict(ckpt[key])
     rng_state(run.device, restore=process_rng(ckpt, run.rank, args.world_size))
     if run.rank == 0:
         print(f"resumed {run.dir} at step {ckpt['global_step']:,}")
@@ -652,11 +648,8 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         hint = "use qlearning.py for Discrete observations" if isinstance(obs_space, gym.spaces.Discrete) else "wrap the env"
         fail(f"a2c.py needs a vector or a (C, H, W) image observation, and {args.env_id} has {obs_space}; {hint}")
     check_frame_size(args.env_id, obs_space)
-    uint8_obs = (f"is for vector observations, and {args.env_id} has uint8 frames" if len(obs_space.shape) == 3 else
-                 f"is for float observations, and {args.env_id} has uint8 ones, scaled by 1/255 in the network")  # fmt: skip
-    on_cpu = not (args.cuda and torch.cuda.is_available())
-    refuse_meaningless(args, [
-        (("norm_obs",), obs_space.dtype == np.uint8, uint8_obs),  # normalised floats do not fit the uint8 storage
+    refuse_meaningless(args, [  # --norm-obs: normalised floats do not fit the uint8 storage
+        (("norm_obs",), obs_space.dtype == np.uint8, f"is for float observations, and {args.env_id} has uint8 ones"),
         (("episodic_life", "reward_clip"), not atari_id(args.env_id),
          f"is for envpool's Atari ids, and {args.env_id} is not one"),
         (("rnn_size",), args.rnn == "none", "sizes the recurrent layer, and this run has none (see --rnn)"),
@@ -664,34 +657,24 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
          "sets the evaluations, and this run has none (see --eval-every and --save-model)"),
         (("bf16",), len(obs_space.shape) != 3, f"runs the convolutional trunk of frames, and {args.env_id} has vectors"),
     ])  # fmt: skip
-    if args.norm_obs and obs_space.dtype == np.uint8:  # not typed: the preset turned it on
-        fail(f"--norm-obs, which this run's preset turns on, {uint8_obs}; pass --no-norm-obs")
-    if on_cpu and (args.cudagraphs or "cudagraphs" in getattr(args, "typed", ())):  # typed (any value), or a checkpoint's
+    args.norm_obs = args.norm_obs and obs_space.dtype != np.uint8  # a preset's: uint8 observations are scaled, not normalised
+    if args.cudagraphs and not (args.cuda and torch.cuda.is_available()):
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
-    if args.rnn != "none" and args.compile:  # spans of a new length every rollout: a new compile each
-        fail(f"--rnn {args.rnn} runs eagerly (its update's spans change length every rollout); leave out --compile")
     args.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    # --rnn's update spans change length every rollout (a compile each); torchrun averages gradients outside the update
+    if args.compile and (args.rnn != "none" or args.world_size > 1):
+        fail("--compile and --cudagraphs compile one process's feed-forward update; leave them out with --rnn or torchrun")
     if args.num_envs % args.world_size:
         fail(f"--num-envs {args.num_envs} does not split evenly over {args.world_size} processes; "
              f"pass a multiple of {args.world_size}")  # fmt: skip
-    if args.world_size > 1 and args.compile:  # gradients are averaged outside the compiled update
-        fail("--compile runs in one process; leave out --compile and --cudagraphs under torchrun")
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
-    # the env count is at fault where it is further above its default than the budget is below its own
-    many_envs = args.num_envs / Args.num_envs > Args.total_timesteps / args.total_timesteps
-    if args.num_iterations < 1 and many_envs and args.total_timesteps >= args.num_steps:
-        fail(f"--num-envs {args.num_envs} is out of proportion to --total-timesteps {args.total_timesteps}; pass --num-envs "
-             f"at most {args.total_timesteps // args.num_steps}, or --total-timesteps at least {args.batch_size}")  # fmt: skip
     if args.num_iterations < 1:
-        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
-    pick_backend(args.env_id, args.num_envs, args.env_backend)  # fails here when the chosen backend lacks the env
-    if args.capture_video and not can_render(args.env_id, args.env_backend):
-        if "capture_video" in getattr(args, "typed", ()):  # typed: refused; a resumed checkpoint's: dropped
-            fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); leave out --capture-video")
-        print(f"warning: {args.env_id} cannot render on this machine (no OpenGL?); running without --capture-video")
-        args.capture_video = False
+        fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs {args.num_envs} x --num-steps "
+             f"{args.num_steps} = {args.batch_size} steps); raise it, or lower --num-envs or --num-steps")  # fmt: skip
+    if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
+        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); run without it (--no-capture-video)")
 
 
 # --- several processes (torchrun): what one process alone does not need, so not part of the shared plumbing ---
@@ -809,10 +792,10 @@ def stop_processes_and_exit(run: "Run", where: str):
 
 # --- what main calls: start_run, end_iteration (logging, evaluation, checkpoint, stop), end_run ---
 def start_run(args: Args) -> "Run":
-    """Everything before the networks: every check before anything is written; under torchrun, one process per share of
-    the envs; the device, the storage check, the checkpoint read; then the Run, and this process's envs."""
+    """Every check before the run directory is made; then this process (torchrun: its share), the run and its envs."""
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
+    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)  # one line where the chosen backend lacks the env
     rank, device, note = start_processes(args, small=len(obs_space.shape) == 1)
     check_storage(storage(args, obs_space, action_space, device))
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
@@ -824,7 +807,6 @@ def start_run(args: Args) -> "Run":
         if line and rank == 0:
             print(line, flush=True)
     # a resumed run's envs take a fresh seed; process r steps envs r*n .. r*n + n-1, with the backend one process would pick
-    backend = pick_backend(args.env_id, args.num_envs, args.env_backend)
     seed = args.seed + (ckpt["global_step"] if ckpt else 0) + rank * n
     run.envs, run.is_atari = make_env(args.env_id, n, seed, args.episodic_life, args.reward_clip, backend)
     run.obs_space, run.action_space = obs_space, action_space
@@ -832,12 +814,8 @@ def start_run(args: Args) -> "Run":
     return run
 
 
-def end_iteration(args: Args, run: "Run", nets: tuple, finished: list, stats: dict, batch: dict, lr, global_step: int,
-                  iteration: int) -> None:  # fmt: skip
-    """After each update: the loss terms summed and, with the weights, checked for a NaN or inf by process 0 in one host
-    sync (a rollout from such weights would fail deep in the sampling); every --log-interval iterations, at the last and
-    on a stop, process 0 logs every process's episodes, the mean losses, the explained variance, the learning rate; then
-    evaluation, the checkpoint of `nets` (agent, optimizer, obs_rms, return_rms) and every process's RNG states, the stop."""
+def end_iteration(args: Args, run: "Run", nets: tuple, finished: list, stats: dict, batch: dict, lr, global_step, iteration):
+    """Process 0 checks for NaN or inf (one sync), logs every --log-interval iterations and evaluates; then the checkpoint."""
     agent, optimizer, obs_rms, return_rms = nets
     run.loss_sums = run.loss_sums + torch.stack(list(stats.values()))
     run.updates, run.finished = run.updates + 1, run.finished + finished
@@ -862,21 +840,16 @@ def end_iteration(args: Args, run: "Run", nets: tuple, finished: list, stats: di
             run.log_eval(evaluate(agent, obs_rms, args, run.device, run.video(global_step)), global_step)
     if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
         rngs = gather_objects(rng_state(run.device), args.world_size)
-        if run.rank == 0:
-            run.checkpoint(
-                model=agent.state_dict(), optimizer=optimizer.state_dict(),
-                obs_rms=obs_rms.state_dict() if obs_rms else None,
-                return_rms=return_rms.state_dict() if return_rms else None,
-                global_step=global_step, iteration=iteration, rng=rngs,
-            )  # fmt: skip
+        if run.rank == 0:  # None: a statistic this run does not keep
+            state = {key: None if net is None else net.state_dict() for key, net in zip(NETS, nets, strict=True)}
+            run.checkpoint(**state, global_step=global_step, iteration=iteration, rng=rngs)
     if stopping:
         run.envs.close()
         stop_processes_and_exit(run, f"step {global_step:,}")
 
 
 def end_run(args: Args, run: "Run", agent: Agent, obs_rms, global_step: int) -> None:
-    """The end of a run: the envs closed and the processes leave together; then process 0 saves the final model, reloads
-    it from disk and evaluates it with frozen statistics (--save-model), and closes the writer."""
+    """The envs closed, the processes left together; process 0 saves, reloads and evaluates the final model (--save-model)."""
     run.envs.close()
     end_processes(args.world_size)
     if run.rank != 0:
@@ -885,9 +858,8 @@ def end_run(args: Args, run: "Run", agent: Agent, obs_rms, global_step: int) -> 
         state = run.save_and_reload(model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None)
         eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
         eval_agent.load_state_dict(state["model"])
-        eval_rms = None
-        if state["obs_rms"] is not None:
-            eval_rms = RunningMeanStd(run.obs_space.shape, run.device)
+        eval_rms = RunningMeanStd(run.obs_space.shape, run.device) if state["obs_rms"] is not None else None
+        if eval_rms is not None:
             eval_rms.load_state_dict(state["obs_rms"])
         run.log_eval(evaluate(eval_agent, eval_rms, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)

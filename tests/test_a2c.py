@@ -244,6 +244,10 @@ def test_presets_set_real_flags_and_a_given_flag_wins():
     assert pendulum.norm_obs and pendulum.norm_reward and pendulum.num_envs == 1
     assert a2c.parse_args(["--env-id", "Breakout-v5", "--vf-coef", "0.5"]).vf_coef == 0.5
     assert a2c.parse_args(["--env-id", "CartPole-v1", "--preset", "atari"]).num_envs == 16
+    # the mujoco preset on uint8 frames: its --norm-obs is left off (the network scales them), the rest stays
+    frames = a2c.parse_args(["--env-id", "Breakout-v5", "--preset", "mujoco"])
+    a2c.check_args(frames, *a2c.env_spaces("Breakout-v5"))
+    assert not frames.norm_obs and frames.norm_reward and frames.num_envs == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -83,10 +83,10 @@ BAD_INPUT = {
     "a2c": [
         (["--env-id", "CartPol-v1"], r"unknown env id 'CartPol-v1'.*; envpool.list_all_envs\(\) and gymnasium.registry"),
         (["--num-envs", "0"], r"--num-envs 0 is out of range; pass a value in \[1, inf\)"),
-        (["--total-timesteps", "10"], r"less than one rollout \(40 steps\)"),
+        (["--total-timesteps", "10"], r"less than one rollout \(--num-envs 8 x --num-steps 5 = 40 steps\)"),
         (
             ["--num-envs", "4", "--num-steps", "50", "--total-timesteps", "199"],
-            r"less than one rollout \(200 steps\)",
+            r"less than one rollout \(--num-envs 4 x --num-steps 50 = 200 steps\)",
         ),
         (["--resume", "no/such/checkpoint.pt"], r"checkpoint 'no/such/checkpoint.pt' does not exist"),
         (["--resume", "FOREIGN"], r"is for Acrobot-v1, not CartPole-v1; pass --env-id Acrobot-v1"),
@@ -94,7 +94,7 @@ BAD_INPUT = {
         (["--resume", "A2C_MODEL"], r"is a a2c\.py model of format \d+, not a a2c\.py checkpoint"),
         (["--env-id", "FrozenLake-v1"], r"image observation, and FrozenLake-v1 has Discrete\(16\); use qlearning.py"),
         # normalised floats written into the uint8 frame storage wrapped around (-3.2 stored as 253)
-        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for vector observations.*uint8 frames"),
+        (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for float observations, and Breakout-v5 has uint8"),
         (["--bf16"], r"--bf16 runs the convolutional trunk of frames, and CartPole-v1 has vectors; leave it out"),
     ],
     "dqn": [

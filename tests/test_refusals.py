@@ -179,7 +179,7 @@ MEANINGLESS = {
     ],
     "a2c": [
         ("--env-id CartPole-v1 --episodic-life", r"--episodic-life is for envpool's Atari ids, and CartPole-v1 is not one"),
-        ("--env-id Breakout-v5 --no-norm-obs", r"--norm-obs is for vector observations, and Breakout-v5 has uint8 frames"),
+        ("--env-id Breakout-v5 --no-norm-obs", r"--norm-obs is for float observations, and Breakout-v5 has uint8 ones"),
         ("--env-id CartPole-v1 --rnn-size 128", r"--rnn-size sizes the recurrent layer, and this run has none"),
         ("--env-id CartPole-v1 --capture-video", r"--capture-video sets the evaluations, and this run has none"),
     ],

@@ -274,7 +274,7 @@ def test_two_processes_learn_cartpole_as_one_process_does(tmp_path, script, budg
         ("ppo", ["--compile"], r"--compile runs in one process.*; leave it out"),
         ("ppo", ["--rnn", "lstm", "--num-minibatches", "8"], r"does not divide --num-envs 8 \(4 in each of 2 processes\)"),
         ("a2c", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes.*pass a multiple of 2"),
-        ("a2c", ["--compile"], r"--compile runs in one process.*leave out --compile"),
+        ("a2c", ["--compile"], r"--compile and --cudagraphs compile one process's .*; leave them out .*torchrun"),
         ("rnd_ppo", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes"),
         ("ppg_procgen", ["--num-envs", "5"], r"--num-envs 5 does not split evenly over 2 processes"),
         ("ppg_procgen", ["--aux-rollouts", "3"], r"--aux-rollouts 3 does not split evenly over 2 processes.*multiple of 2"),
