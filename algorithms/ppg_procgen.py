@@ -594,10 +594,6 @@ def preset_defaults(argv: list[str]) -> Args:
     return Args(env_id=flag_value(argv, "env_id", Args.env_id), n_pi=n_pi)
 
 
-PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot", "heist",
-                 "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")  # fmt: skip
-
-
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     try:
         envpool_has(env_id)  # registers envpool's Procgen family
@@ -629,8 +625,14 @@ def bf16_note(device: torch.device) -> str:
 
 def start_run(args: Args) -> "Run":
     """Every check before the run directory is made; then the Run (process 0 writes), with this process's envs."""
-    check_args(args)
+    procgen = [name for name in envpool.list_all_envs() if name.endswith(("Easy-v0", "Hard-v0"))]  # 16 games x 2
+    if (easy := f"{args.env_id.capitalize()}Easy-v0") in procgen:  # a game's name (starpilot) means its Easy one, said once
+        print(f"--env-id {args.env_id} runs envpool's {easy} (pass {easy[:-7]}Hard-v0 for Hard)")
+        args.env_id = easy
+    if args.env_id not in procgen:
+        fail(f"{SCRIPT} runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{args.env_id}'; run ppo.py for it")
     obs_space, action_space = env_spaces(args.env_id)
+    check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
     N = args.num_envs // args.world_size  # this process's envs
     check_storage(storage(args, obs_space, action_space, device))
@@ -762,13 +764,8 @@ def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: t
     return {phase: (sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device, fix)}
 
 
-def check_args(args: Args) -> None:
-    """The env id, flags that only make sense together, and the sizes Args computes, checked."""
-    if (name := args.env_id.lower()) in PROCGEN_GAMES:  # a procgen name means its Easy variant, said once
-        print(f"--env-id {args.env_id} runs envpool's {name.capitalize()}Easy-v0 (pass {name.capitalize()}Hard-v0 for Hard)")
-        args.env_id = f"{name.capitalize()}Easy-v0"
-    if args.env_id not in [f"{game.capitalize()}{mode}-v0" for game in PROCGEN_GAMES for mode in ("Easy", "Hard")]:
-        fail(f"{SCRIPT} runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{args.env_id}'; run ppo.py for it")
+def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
+    """Flags that only make sense together, and the sizes Args computes, checked."""
     refuse_meaningless(args, [
         # measured with envpool 1.2: with unlimited levels, --start-level leaves every level as it was
         (("start_level",), args.num_levels == 0,
@@ -803,8 +800,7 @@ def check_args(args: Args) -> None:
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.e_aux > 0 and args.aux_rollouts > args.n_pi * args.num_envs:
-        fail(f"--aux-rollouts {args.aux_rollouts} is more than the {args.n_pi * args.num_envs} rollouts of a phase "
-             f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}")  # fmt: skip
+        fail(f"--aux-rollouts {args.aux_rollouts} is more than a phase's {args.n_pi * args.num_envs} rollouts; pass fewer")
     if args.chunk_size == 0:  # bfloat16 on a CPU gains from larger chunks, float32 does not (benchmark/results/speed_bf16.md)
         on_cuda = args.cuda and torch.cuda.is_available()
         args.chunk_size = args.minibatch_size // processes if on_cuda else (128 if args.bf16 else 32)
@@ -836,11 +832,9 @@ def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rm
     gathered = gather_objects((saved_phase, aux, rng_state(phase["obs"].device)), args.world_size)
     phases, auxes, rngs = zip(*gathered, strict=True)
     if run.rank == 0:
-        run.checkpoint(
-            model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
-            return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
-            global_step=global_step, iteration=iteration, rng=rngs,
-        )  # fmt: skip
+        run.checkpoint(model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
+                       return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
+                       global_step=global_step, iteration=iteration, rng=rngs)  # fmt: skip
     if args.world_size > 1:
         dist.barrier()  # no process removes the files the last checkpoint named before the new one is written
     remove_old_phases(run.dir, run.rank, saved_phase and name)
