@@ -716,7 +716,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch, iteration, started, global_step, args):
-    """Process 0 logs every process's episodes (one exchange), the losses (one host sync), the rates, the progress line."""
+    """Process 0 logs every process's episodes (one exchange), the losses (one host sync), the rate, the progress line."""
     episodes = gather_episodes(finished, args.world_size)
     if run.rank != 0:
         return
