@@ -587,28 +587,11 @@ RANGES = dict(seed="[0, 1e9]", num_levels="[0, 1e9]", start_level="[0, 1e9]", ev
     n_pi="[1, inf)", e_aux="[0, inf)", aux_learning_rate="(0, inf)", aux_rollouts="[1, inf)", beta_clone="[0, inf)",
     vf_true_weight="[0, inf)", chunk_size="[0, inf)")  # fmt: skip
 
-# paper: openai/phasic-policy-gradient train.py (but the reward filter's gamma, see scale_reward); small: N_pi 8
-PRESETS = dict(paper=dict(), small=dict(n_pi=8))
-
 
 def preset_defaults(argv: list[str]) -> Args:
-    """The defaults of the preset the command line asks for."""
-    return Args(env_id=flag_value(argv, "env_id", Args.env_id), **PRESETS.get(flag_value(argv, "preset", Args.preset), {}))
-
-
-PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot", "heist",
-                 "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")  # fmt: skip
-
-
-def procgen_env_id(env_id: str) -> str:
-    """An envpool Procgen id; a procgen name (starpilot) means its Easy variant, said once; anything else, one line."""
-    if env_id.lower() in PROCGEN_GAMES:
-        full = f"{env_id.lower().capitalize()}Easy-v0"
-        print(f"--env-id {env_id} runs envpool's {full} (the Easy distribution; pass {full[:-7]}Hard-v0 for Hard)")
-        return full
-    if env_id not in [f"{game.capitalize()}{mode}-v0" for game in PROCGEN_GAMES for mode in ("Easy", "Hard")]:
-        fail(f"ppg_procgen.py runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{env_id}'; run ppo.py for it")
-    return env_id
+    # paper: openai/phasic-policy-gradient train.py (but the reward filter's gamma, see scale_reward); small: N_pi 8
+    n_pi = 8 if flag_value(argv, "preset", Args.preset) == "small" else Args.n_pi
+    return Args(env_id=flag_value(argv, "env_id", Args.env_id), n_pi=n_pi)
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
@@ -641,10 +624,13 @@ def bf16_note(device: torch.device) -> str:
 
 
 def start_run(args: Args) -> "Run":
-    """The run's set-up before the networks: the env id and spaces, every check, the processes and device, the storage
-    check and the checkpoint read, all before the run directory is made; then the Run (process 0 writes) and this
-    process's envs, which main finds on it."""
-    args.env_id = procgen_env_id(args.env_id)
+    """Every check before the run directory is made; then the Run (process 0 writes), with this process's envs."""
+    procgen = [name for name in envpool.list_all_envs() if name.endswith(("Easy-v0", "Hard-v0"))]  # 16 games x 2
+    if (easy := f"{args.env_id.capitalize()}Easy-v0") in procgen:  # a game's name (starpilot) means its Easy one, said once
+        print(f"--env-id {args.env_id} runs envpool's {easy} (pass {easy[:-7]}Hard-v0 for Hard)")
+        args.env_id = easy
+    if args.env_id not in procgen:
+        fail(f"{SCRIPT} runs the 16 Procgen games (StarpilotEasy-v0, bigfish, ...), not '{args.env_id}'; run ppo.py for it")
     obs_space, action_space = env_spaces(args.env_id)
     check_args(args, obs_space, action_space)
     rank, device, note = start_processes(args)
@@ -653,10 +639,9 @@ def start_run(args: Args) -> "Run":
     ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
     if ckpt is not None:  # refused before anything is written: a checkpoint of another number of processes, missing frames
         process_rng(ckpt, rank, args.world_size)
-        saved, slot_bytes = ckpt["phase"][rank], args.num_steps * N * np.prod(obs_space.shape)
-        path = saved and os.path.join("runs", ckpt["run_name"], saved["file"])
-        if saved and (not os.path.isfile(path) or os.path.getsize(path) != saved["filled"] * slot_bytes):
-            fail(f"the checkpoint's phase frames {path} are missing or cut short; resume from one whose file is whole")
+        saved = ckpt["phase"][rank]  # (written whole, to a .tmp renamed)
+        if saved and not os.path.isfile(path := os.path.join("runs", ckpt["run_name"], saved["file"])):
+            fail(f"the checkpoint's phase frames {path} are missing; resume from a checkpoint whose frames are beside it")
     run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {N} of the {args.num_envs} envs")
     run.dir = gather_objects(run.dir, args.world_size)[0]  # process 0's: the others write their frames of the phase there
     for line in (note, args.bf16 and bf16_note(device)):
@@ -669,8 +654,7 @@ def start_run(args: Args) -> "Run":
 
 
 def aux_minibatch_done(clock: dict, state: dict, minibatches: int, stop: list[int], writer, args: Args) -> bool:
-    """After each auxiliary minibatch (a phase takes minutes, hours on a CPU): process 0's progress line when due; whether
-    to stop, the same answer on every process (a host sync, small beside the frames)."""
+    """After each auxiliary minibatch (a phase may take hours): process 0's progress line; whether to stop, alike in all."""
     clock["done_here"] += 1
     if writer is not None and time.time() - clock["last_print"] > args.progress_interval:
         clock["last_print"] = time.time()
@@ -693,8 +677,7 @@ def log_aux_phase(writer, aux_means: torch.Tensor, clock: dict, minibatches: int
 
 
 def end_iteration(run, learner: dict, aux_state, global_step: int, iteration: int, args: Args, steps_done: int) -> None:
-    """The evaluation when due (process 0); the checkpoint when due or on a stop asked of any process, which then every
-    process leaves at the same point. steps_done: the env steps since the last call (0 right after a resume)."""
+    """The evaluation when due (process 0); the checkpoint when due or on a stop, where every process then stops."""
     if run.rank == 0 and crossed(global_step, steps_done, args.eval_every):
         with run.paused():
             run.log_eval(evaluate(learner["agent"], args, run.device, run.video(global_step)), global_step)
@@ -707,8 +690,7 @@ def end_iteration(run, learner: dict, aux_state, global_step: int, iteration: in
 
 
 def end_run(args: Args, run: "Run", agent: Agent, global_step: int) -> None:
-    """Envs closed, old phase files removed (a last checkpoint's frames stay), the processes left; then process 0 saves
-    the final model, reloads it from disk into a new agent and evaluates it, as a user who loads it does (--save-model)."""
+    """Old phase files removed (a last checkpoint's frames stay); process 0 saves, reloads and evaluates the final model."""
     run.envs.close()
     remove_old_phases(run.dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
     end_processes(args.world_size)
@@ -734,8 +716,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch, iteration, started, global_step, args):
-    """Process 0 logs every process's finished episodes (gathered, one exchange per iteration) at the steps they ended,
-    the mean losses, the explained variance, the learning rate, the phase, the policy phase's speed and the progress line."""
+    """Process 0 logs every process's episodes (one exchange), the losses (one host sync), the rate, the progress line."""
     episodes = gather_episodes(finished, args.world_size)
     if run.rank != 0:
         return
@@ -745,14 +726,14 @@ def log_iteration(run, learner: dict, finished: list, stats: dict, values, batch
     on_device = [torch.stack(list(stats.values())), explained.reshape(1), parameter_sum(learner["agent"])]
     *losses, ev, total = torch.cat(on_device).tolist()
     check_training({**dict(zip(stats, losses, strict=True)), "parameter sum": total}, global_step)
-    slot, phase_number = (iteration - 1) % (args.n_pi if args.e_aux > 0 else 1), (iteration - 1) // args.n_pi + 1
+    phase, slot = divmod(iteration - 1, args.n_pi)
     scalars = {**{f"losses/{k}": v for k, v in zip((*stats, "explained_variance"), (*losses, ev), strict=True)},
-               "charts/learning_rate": float(learner["optimizer"].param_groups[0]["lr"]), "charts/phase": phase_number,
+               "charts/learning_rate": float(learner["optimizer"].param_groups[0]["lr"]), "charts/phase": phase + 1,
                "charts/policy_phase_SPS": int(args.batch_size / (time.time() - started))}  # fmt: skip
     for tag, value in scalars.items():
         run.writer.add_scalar(tag, value, global_step)
     last = iteration == args.num_iterations
-    run.log(global_step, global_step, f" | phase {phase_number}, iteration {slot + 1}/{args.n_pi}", force=last)
+    run.log(global_step, global_step, f" | phase {phase + 1}, iteration {slot + 1}/{args.n_pi}", force=last)
 
 
 def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None = None):
@@ -774,13 +755,11 @@ def evaluate(agent: Agent, args: Args, device: torch.device, video: str | None =
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
-    """The phase (N_pi rollouts of uint8 frames, returns, valid flags and the old policy's logits), with the rollout's
-    actions and six float32 (T, N) tensors: one process's share, times the processes that share this node's CPU memory."""
+    """The phase's frames, returns, valid flags and old logits, the rollout's (T, N) tensors; times the processes on a CPU."""
     slots, T, N = (args.n_pi if args.e_aux > 0 else 1), args.num_steps, args.num_envs // args.world_size
     sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
     per_step = int(np.prod(obs_space.shape)) + 2 * 4 + (4 * int(action_space.n) if args.e_aux > 0 else 0)
-    shape = "x".join(map(str, obs_space.shape))
-    phase = f"the phase ({slots} rollouts of --num-envs {N} x --num-steps {T} steps of {shape} frames)"
+    phase = f"the phase ({slots} rollouts of --num-envs {N} x --num-steps {T} frames)"
     fix = "pass --preset small (N_pi 8), or a smaller --n-pi, --num-envs or --num-steps"
     return {phase: (sharing * (slots * T * N * per_step + T * N * (8 + 6 * 4)), device, fix)}
 
@@ -821,23 +800,20 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.num_iterations < 1:
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout ({args.batch_size} steps); raise it")
     if args.e_aux > 0 and args.aux_rollouts > args.n_pi * args.num_envs:
-        fail(f"--aux-rollouts {args.aux_rollouts} is more than the {args.n_pi * args.num_envs} rollouts of a phase "
-             f"(--n-pi x --num-envs); pass at most {args.n_pi * args.num_envs}")  # fmt: skip
+        fail(f"--aux-rollouts {args.aux_rollouts} is more than a phase's {args.n_pi * args.num_envs} rollouts; pass fewer")
     if args.chunk_size == 0:  # bfloat16 on a CPU gains from larger chunks, float32 does not (benchmark/results/speed_bf16.md)
         on_cuda = args.cuda and torch.cuda.is_available()
         args.chunk_size = args.minibatch_size // processes if on_cuda else (128 if args.bf16 else 32)
 
 
 def remove_old_phases(run_dir: str, rank: int, keep: str | None) -> None:
-    """This process's phase files other than `keep`."""
     for name in os.listdir(run_dir) if os.path.isdir(run_dir) else []:
         if name.startswith("phase_") and name.endswith(f"_process{rank}.u8") and name != keep:
             os.remove(os.path.join(run_dir, name))
 
 
 def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase, aux_state, global_step, iteration):
-    """checkpoint.pt (process 0) at the end of a policy iteration or inside an auxiliary phase (aux_state: where it
-    stopped), with every process's frames of the phase beside it while an auxiliary phase is still to train on them."""
+    """checkpoint.pt (process 0) after a policy iteration or inside an auxiliary phase (aux_state), the frames beside it."""
     filled, name = (iteration - 1) % phase["obs"].shape[0] + 1, f"phase_{iteration}_process{run.rank}.u8"
     # the frames an auxiliary phase is still to train on: a phase not yet whole, or one whose auxiliary phase has begun,
     # or, at the run's last iteration, was skipped (restore_run runs it when a longer --total-timesteps extends the run)
@@ -853,29 +829,26 @@ def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rm
         saved_phase = dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
     aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
     # gathered once every process has written its frames, so the checkpoint names only whole files
-    phases, auxes = gather_objects(saved_phase, args.world_size), gather_objects(aux, args.world_size)
-    rngs = gather_objects(rng_state(phase["obs"].device), args.world_size)
+    gathered = gather_objects((saved_phase, aux, rng_state(phase["obs"].device)), args.world_size)
+    phases, auxes, rngs = zip(*gathered, strict=True)
     if run.rank == 0:
-        run.checkpoint(
-            model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
-            return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
-            global_step=global_step, iteration=iteration, rng=rngs,
-        )  # fmt: skip
+        run.checkpoint(model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
+                       return_rms=return_rms.state_dict() if return_rms else None, phase=phases, aux=auxes if aux else None,
+                       global_step=global_step, iteration=iteration, rng=rngs)  # fmt: skip
     if args.world_size > 1:
         dist.barrier()  # no process removes the files the last checkpoint named before the new one is written
     remove_old_phases(run.dir, run.rank, saved_phase and name)
 
 
 def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, phase):
-    """--resume: the learner, this process's frames of the phase so far and RNG states, where the auxiliary phase stopped.
-    Returns the step and the iteration to go on from and the auxiliary phase's state (0, 1 and None for a new run)."""
+    """--resume: the learner, this process's phase so far and RNG states; the step, iteration and aux state to go on from."""
     ckpt, rank, device = run.ckpt, run.rank, run.device
     if ckpt is None:
         return 0, 1, None
     for obj, key in ((agent, "model"), (optimizer, "optimizer"), (aux_optimizer, "aux_optimizer"), (return_rms, "return_rms")):
         if obj is not None:  # (no return_rms without --norm-reward)
             obj.load_state_dict(ckpt[key])
-    if saved := ckpt["phase"][rank]:  # the frames start_run found whole, slot by slot: no second copy is ever held
+    if saved := ckpt["phase"][rank]:  # the frames start_run found, slot by slot: no second copy is ever held
         with open(os.path.join(run.dir, saved["file"]), "rb") as f:
             for slot in phase["obs"][: saved["filled"]]:
                 slot.copy_(torch.from_numpy(np.fromfile(f, dtype=np.uint8, count=slot.numel()).reshape(slot.shape)))

@@ -160,7 +160,7 @@ BAD_INPUT = {
     "ppg_procgen": [
         (["--env-id", "CartPole-v1"], r"runs the 16 Procgen games .*not 'CartPole-v1'; run ppo\.py for it"),
         (["--env-id", "StarpilotEasy-v1"], r"runs the 16 Procgen games .*not 'StarpilotEasy-v1'; run ppo\.py for it"),
-        (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than the 8 rollouts of a phase"),
+        (["--aux-rollouts", "9"], r"--aux-rollouts 9 is more than a phase's 8 rollouts"),
         (["--num-minibatches", "3"], r"does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout \(128 steps\)"),
         (["--resume", "PPO_CHECKPOINT"], r"is a ppo\.py checkpoint of format \d+, not a .*, or run ppo\.py$"),

@@ -343,7 +343,7 @@ def test_a_resume_whose_phase_frames_are_gone_is_refused_before_anything_is_writ
     before = sorted(p.name for p in run.iterdir())
     flags = ["--resume", str(run / "checkpoint.pt"), "--total-timesteps", "512"]
     proc = run_bad_input("ppg_procgen", flags, tmp_path, "BigfishEasy-v0")
-    assert_one_error_line("ppg_procgen", proc, r"the checkpoint's phase frames .* are missing or cut short")
+    assert_one_error_line("ppg_procgen", proc, r"the checkpoint's phase frames .* are missing; resume from")
     assert sorted(p.name for p in run.iterdir()) == before
 
 
