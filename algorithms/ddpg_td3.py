@@ -410,23 +410,14 @@ def preset_defaults(argv: list[str]) -> Args:
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
-    if envpool_has(env_id):
-        try:
-            spec = envpool.make_spec(env_id)
-        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
-            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
-        return spec.observation_space, spec.action_space
     try:
-        env = gym.make(env_id)
-    except ModuleNotFoundError:
-        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
-    except gym.error.Error as e:
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
-    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
-        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
-    spaces = env.observation_space, env.action_space
-    env.close()
-    return spaces
+        if envpool_has(env_id):
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
+        with gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:  # an unknown id, a module that does not import, a library short of a system one (Procgen: Qt 5)
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {' '.join(str(e).split())}); check the id and its module")
 
 
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
@@ -441,8 +432,7 @@ def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
 
 
 def can_render(env_id: str, backend: str = "auto") -> bool:
-    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
-    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    """--capture-video's rule, checked first: envpool's MuJoCo ends the process without OpenGL; gymnasium's needs pygame."""
     if backend == "gymnasium" or not envpool_has(env_id):
         return importlib.util.find_spec("pygame") is not None
     mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
@@ -451,17 +441,13 @@ def can_render(env_id: str, backend: str = "auto") -> bool:
 
 def bf16_note(device: torch.device) -> str:
     """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
-    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
+    (compute capability 8), or a CPU whose /proc/cpuinfo (Linux, as envpool) names no AVX512-BF16, AMX or Arm BF16."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
-        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
-            native = True
-    what = "GPU" if device.type == "cuda" else "CPU"
-    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
+        with open("/proc/cpuinfo") as f:
+            native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+    return "" if native else f"note: no native bfloat16 on {device}: --bf16 is likely slower than float32"
 
 
 def evaluate(actor: Actor, args: Args, device: torch.device, video: str | None = None) -> np.ndarray:

@@ -381,23 +381,14 @@ def preset_defaults(argv: list[str]) -> Args:
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
-    if envpool_has(env_id):
-        try:
-            spec = envpool.make_spec(env_id)
-        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
-            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
-        return spec.observation_space, spec.action_space
     try:
-        env = gym.make(env_id)
-    except ModuleNotFoundError:
-        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
-    except gym.error.Error as e:
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
-    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
-        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
-    spaces = env.observation_space, env.action_space
-    env.close()
-    return spaces
+        if envpool_has(env_id):
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
+        with gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:  # an unknown id, a module that does not import, a library short of a system one (Procgen: Qt 5)
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {' '.join(str(e).split())}); check the id and its module")
 
 
 # With --env-backend auto, gymnasium steps a classic-control id in the process up to this many envs, where its Python
@@ -409,14 +400,11 @@ GYMNASIUM_UP_TO = {"CartPole-v0": 10, "CartPole-v1": 10, "MountainCarContinuous-
 def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
     """The backend that steps env_id (see Args.env_backend); one line where the chosen one lacks the id. auto renders
     with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
-    in_envpool = envpool_has(env_id)
     if backend == "auto":
         few = num_envs <= GYMNASIUM_UP_TO.get(env_id, 0) and not render
-        return "gymnasium" if few or not in_envpool else "envpool"
-    if backend == "envpool" and not in_envpool:
-        fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
-    if backend == "gymnasium" and env_id not in gym.registry and ":" not in env_id:
-        fail(f"gymnasium has no env '{env_id}' registered; pass --env-backend envpool (or auto)")
+        return "gymnasium" if few or not envpool_has(env_id) else "envpool"
+    if not (envpool_has(env_id) if backend == "envpool" else env_id in gym.registry or ":" in env_id):  # module:Id imports
+        fail(f"{backend} has no env '{env_id}'; pass --env-backend auto")
     return backend
 
 
@@ -435,8 +423,7 @@ def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool, reward_
 
 
 def can_render(env_id: str, backend: str = "auto") -> bool:
-    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
-    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    """--capture-video's rule, checked first: envpool's MuJoCo ends the process without OpenGL; gymnasium's needs pygame."""
     if backend == "gymnasium" or not envpool_has(env_id):
         return importlib.util.find_spec("pygame") is not None
     mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
@@ -474,10 +461,7 @@ def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
     """Frames too small for the Nature CNN (36x36 -> 8x8 -> 3x3 -> 1x1 through its three layers): refused in one line."""
     if len(obs_space.shape) == 3 and min(obs_space.shape[1:]) < 36:
         h, w = obs_space.shape[1:]
-        fail(
-            f"the Nature CNN takes frames of at least 36x36, and {env_id} has {h}x{w}; scale them up to 36x36, or flatten "
-            "them into a vector (gymnasium's FlattenObservation wrapper), which an MLP takes"
-        )
+        fail(f"the Nature CNN takes frames of at least 36x36, and {env_id} has {h}x{w}; scale them up, or flatten them")
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> bool:
@@ -516,17 +500,13 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> boo
 
 def bf16_note(device: torch.device) -> str:
     """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
-    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
+    (compute capability 8), or a CPU whose /proc/cpuinfo (Linux, as envpool) names no AVX512-BF16, AMX or Arm BF16."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
-        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
-            native = True
-    what = "GPU" if device.type == "cuda" else "CPU"
-    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
+        with open("/proc/cpuinfo") as f:
+            native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+    return "" if native else f"note: no native bfloat16 on {device}: --bf16 is likely slower than float32"
 
 
 def start_run(args: Args) -> "Run":

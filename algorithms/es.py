@@ -317,7 +317,7 @@ def main(args: Args) -> None:
         rows = rollout(envs, layers, shift, scale, low, high, args.horizon, device, global_step)
         envs.close()
         # torchrun: the processes exchange one row per member (return, length, observation sums), nothing else
-        rows = gather_rows(torch.as_tensor(rows, device=device), args.world_size)
+        rows = gather(torch.as_tensor(rows, device=device), args.world_size)
         episodes = Episodes.of(rows, obs_dim)
 
         # --- ranks and gradient, then the update: weight decay and Adam ---
@@ -378,23 +378,14 @@ def preset_defaults(argv: list[str]) -> Args:
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
-    if envpool_has(env_id):
-        try:
-            spec = envpool.make_spec(env_id)
-        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
-            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
-        return spec.observation_space, spec.action_space
     try:
-        env = gym.make(env_id)
-    except ModuleNotFoundError:
-        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
-    except gym.error.Error as e:
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
-    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
-        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
-    spaces = env.observation_space, env.action_space
-    env.close()
-    return spaces
+        if envpool_has(env_id):
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
+        with gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:  # an unknown id, a module that does not import, a library short of a system one (Procgen: Qt 5)
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {' '.join(str(e).split())}); check the id and its module")
 
 
 def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
@@ -409,8 +400,7 @@ def make_env(env_id: str, num_envs: int, seed: int, render: bool = False):
 
 
 def can_render(env_id: str, backend: str = "auto") -> bool:
-    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
-    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    """--capture-video's rule, checked first: envpool's MuJoCo ends the process without OpenGL; gymnasium's needs pygame."""
     if backend == "gymnasium" or not envpool_has(env_id):
         return importlib.util.find_spec("pygame") is not None
     mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
@@ -418,8 +408,13 @@ def can_render(env_id: str, backend: str = "auto") -> bool:
 
 
 # --- several processes (torchrun): what one process alone does not need ---
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
+def gather(local, world_size: int):
+    """Every process's `local` in process order: a tensor's rows concatenated, any other (picklable) value in a list."""
+    if not isinstance(local, torch.Tensor):
+        everyone = [local] * world_size
+        if world_size > 1:
+            dist.all_gather_object(everyone, local)
+        return everyone
     if world_size == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -427,83 +422,56 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
-    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
-    if device.type != "cuda":
-        return device, "gloo", None
-    if local_world_size <= gpus:
-        return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
-    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-
-
 def start_processes(args: Args, small: bool = False) -> tuple[int, torch.device, str | None]:
-    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
-    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds (the same everywhere: the same initial weights), device, torchrun's group; returns (rank, device, note)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
-    device, backend, note = process_device(seed_and_device(args, small), local_rank, local_world_size, gpus)
-    if device.type == "cuda":
+    processes, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    device, note = seed_and_device(args, small), None
+    if device.type == "cuda" and processes > gpus:  # NCCL refuses two processes on one GPU: all on the CPU with gloo
+        device = torch.device("cpu")
+        note = f"{processes} processes on a node with {gpus} GPU(s) run on the CPU; pass --nproc_per_node {gpus} to torchrun"
+    elif device.type == "cuda":
+        device = torch.device(f"cuda:{local_rank}")
         torch.cuda.set_device(device)
     if args.world_size > 1:
-        dist.init_process_group(backend)
-        sys.excepthook = lost_process_line(rank)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        sys.excepthook = lost_process_line
     return rank, device, note
 
 
-def lost_process_line(rank: int):
-    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
-    report names the process that failed first); any other error keeps its traceback."""
-
-    def hook(kind, error, tb):
-        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
-            return sys.__excepthook__(kind, error, tb)
-        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
-        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    return hook
+def lost_process_line(kind, error, tb) -> None:
+    """torchrun's exception hook: a collective that fails as another process is gone ends this one in one line."""
+    if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+        return sys.__excepthook__(kind, error, tb)
+    gone = f"process {os.environ['RANK']} stops: another process of this run is gone ({kind.__name__} in a collective)"
+    print(f"{SCRIPT}: error: {gone}; torchrun's report names the one that failed first", file=sys.stderr, flush=True)
 
 
-def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
-    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
-    if world_size > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def end_processes(world_size: int) -> None:
-    """The process group left together: a barrier first, since a process that tore its connections down while another
-    was in its last exchange was seen to abort at exit."""
-    if world_size > 1:
+def leave(run: "Run", stopped_at: str = "", stay: bool = False) -> None:
+    """The end of this process's work: a stop's resume line (process 0) and exit status 128 + signal; under torchrun, the
+    group left together, then os._exit, but for a process that stays (process 0, to save the final model)."""
+    if stopped_at and run.rank == 0:
+        run.close()
+        print(f"stopped at {stopped_at}; resume with: {resume_command(run.args, run.dir)}", flush=True)
+    code = 128 + run.stop[0] if stopped_at else 0
+    if dist.is_initialized():  # a barrier first: a process that left while another was in its last exchange was seen to abort
         dist.barrier()
         dist.destroy_process_group()
+    if run.args.world_size > 1 and not stay:  # past the teardown, where one was seen to abort (one launch in 50, gloo)
+        sys.stdout.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
-    would hang (a signal that arrives after this exchange waits for the next one)."""
+    """Whether to stop now, the same answer on every process (or the next exchange would hang); one host sync."""
     if world_size == 1:
         return bool(stop)
-    flag = torch.tensor([len(stop)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if (stopping := bool(flag.item())) and not stop:  # one host sync
+    stopping = bool(gather(torch.tensor([len(stop)], device=device), world_size).any())  # a later signal: the next time
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
     return stopping
-
-
-def stop_processes_and_exit(run: "Run", where: str):
-    """Run.stop_and_exit for one process or several: process 0 names the launcher in its resume line, and every
-    process waits there until process 0 has written the checkpoint."""
-    if run.rank == 0:
-        run.close()
-        print(f"stopped at {where}; resume with: {resume_command(run.args, run.dir)}", flush=True)
-    end_processes(run.args.world_size)
-    leave(run.args.world_size, 128 + run.stop[0])
-    sys.exit(128 + run.stop[0])
 
 
 @torch.no_grad()
@@ -603,13 +571,11 @@ def end_iteration(run: "Run", args: Args, generation: int, global_step: int, pol
         run.checkpoint(model=policy.state_dict(), optimizer=optimizer.state_dict(), obs_rms=statistics,
                        global_step=global_step, generation=generation, rng=rng_state(run.device))  # fmt: skip
     if stopping:
-        stop_processes_and_exit(run, f"generation {generation} (step {global_step:,})")
+        leave(run, stopped_at=f"generation {generation} (step {global_step:,})")
 
 
 def end_run(args: Args, run: "Run", policy: Policy, obs_rms, global_step: int) -> None:
-    end_processes(args.world_size)
-    if run.rank != 0:
-        leave(args.world_size)
+    leave(run, stay=run.rank == 0)  # process 0 stays, to save the final model
     if args.save_model:  # evaluated as a user who loads it: the weights and statistics read back from disk
         state = run.save_and_reload(model=policy.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None)
         policy.load_state_dict(state["model"])  # (end_iteration put theta into policy)
@@ -617,7 +583,7 @@ def end_run(args: Args, run: "Run", policy: Policy, obs_rms, global_step: int) -
             obs_rms.load_state_dict(state["obs_rms"])
         run.log_eval(evaluate(policy, obs_rms, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)
-    leave(args.world_size)
+    leave(run)
 
 
 # ===============================================================================================================

@@ -218,8 +218,13 @@ def update_mean_var_count(mean, var, count, batch_mean, batch_var, batch_count):
     return new_mean, m2 / total, total
 
 
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
+def gather(local, world_size: int):
+    """Every process's `local` in process order: a tensor's rows concatenated, any other (picklable) value in a list."""
+    if not isinstance(local, torch.Tensor):
+        everyone = [local] * world_size
+        if world_size > 1:
+            dist.all_gather_object(everyone, local)
+        return everyone
     if world_size == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -241,7 +246,7 @@ class RunningMeanStd:
     def update(self, x: np.ndarray) -> None:
         x = x.astype(np.float64)
         if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+            x = gather(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
         moments = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
         self.mean, self.var, self.count = moments
 
@@ -342,9 +347,8 @@ def average_gradients(parameters, world_size: int) -> None:
     """Gradients replaced by their mean over the processes, in one all-reduce of one flat buffer; by hand, as CleanRL's
     ppo_atari_multigpu.py does, since DDP hooks the wrapped module's forward, which the update reaches around."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
+    flat = torch.cat([g.flatten() for g in grads]) / world_size
     dist.all_reduce(flat)
-    flat /= world_size
     for g, mean in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
         g.copy_(mean.view_as(g))
 
@@ -610,17 +614,13 @@ def make_env(env_id: str, num_envs: int, seed: int, num_levels: int = 0, start_l
 
 def bf16_note(device: torch.device) -> str:
     """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
-    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
+    (compute capability 8), or a CPU whose /proc/cpuinfo (Linux, as envpool) names no AVX512-BF16, AMX or Arm BF16."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
-        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
-            native = True
-    what = "GPU" if device.type == "cuda" else "CPU"
-    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
+        with open("/proc/cpuinfo") as f:
+            native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+    return "" if native else f"note: no native bfloat16 on {device}: --bf16 is likely slower than float32"
 
 
 def start_run(args: Args) -> "Run":
@@ -643,7 +643,7 @@ def start_run(args: Args) -> "Run":
         if saved and not os.path.isfile(path := os.path.join("runs", ckpt["run_name"], saved["file"])):
             fail(f"the checkpoint's phase frames {path} are missing; resume from a checkpoint whose frames are beside it")
     run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {N} of the {args.num_envs} envs")
-    run.dir = gather_objects(run.dir, args.world_size)[0]  # process 0's: the others write their frames of the phase there
+    run.dir = gather(run.dir, args.world_size)[0]  # process 0's: the others write their frames of the phase there
     for line in (note, args.bf16 and bf16_note(device)):
         if line and rank == 0:
             print(line, flush=True)
@@ -686,22 +686,20 @@ def end_iteration(run, learner: dict, aux_state, global_step: int, iteration: in
         write_checkpoint(args, run, **learner, aux_state=aux_state, global_step=global_step, iteration=iteration)
     if stopping:
         run.envs.close()
-        stop_processes_and_exit(run, f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else ""))
+        leave(run, stopped_at=f"step {global_step:,}" + (", inside an auxiliary phase" if aux_state else ""))
 
 
 def end_run(args: Args, run: "Run", agent: Agent, global_step: int) -> None:
     """Old phase files removed (a last checkpoint's frames stay); process 0 saves, reloads and evaluates the final model."""
     run.envs.close()
     remove_old_phases(run.dir, run.rank, f"phase_{args.num_iterations}_process{run.rank}.u8")
-    end_processes(args.world_size)
-    if run.rank != 0:
-        leave(args.world_size)
+    leave(run, stay=run.rank == 0)  # process 0 stays, to save the final model
     if args.save_model:
         eval_agent = Agent(run.obs_space, run.action_space, args.arch, args.bf16).to(run.device)
         eval_agent.load_state_dict(run.save_and_reload(model=agent.state_dict())["model"])
         run.log_eval(evaluate(eval_agent, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)
-    leave(args.world_size)
+    leave(run)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -829,7 +827,7 @@ def write_checkpoint(args: Args, run, agent, optimizer, aux_optimizer, return_rm
         saved_phase = dict(file=name, filled=filled, **{k: phase[k][:filled].cpu().clone() for k in ("returns", "valid")})
     aux = {k: v.cpu() if torch.is_tensor(v) else v for k, v in aux_state.items()} if aux_state else None
     # gathered once every process has written its frames, so the checkpoint names only whole files
-    gathered = gather_objects((saved_phase, aux, rng_state(phase["obs"].device)), args.world_size)
+    gathered = gather((saved_phase, aux, rng_state(phase["obs"].device)), args.world_size)
     phases, auxes, rngs = zip(*gathered, strict=True)
     if run.rank == 0:
         run.checkpoint(model=agent.state_dict(), optimizer=optimizer.state_dict(), aux_optimizer=aux_optimizer.state_dict(),
@@ -866,114 +864,77 @@ def restore_run(args: Args, run, agent, optimizer, aux_optimizer, return_rms, ph
     return ckpt["global_step"], ckpt["iteration"] + 1, aux_state
 
 
-def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
-    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
-    if device.type != "cuda":
-        return device, "gloo", None
-    if local_world_size <= gpus:
-        return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
-    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-
-
 def start_processes(args: Args, small: bool = False) -> tuple[int, torch.device, str | None]:
-    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
-    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds (the same everywhere: the same initial weights), device, torchrun's group; returns (rank, device, note)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
-    device, backend, note = process_device(seed_and_device(args, small), local_rank, local_world_size, gpus)
-    if device.type == "cuda":
+    processes, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    device, note = seed_and_device(args, small), None
+    if device.type == "cuda" and processes > gpus:  # NCCL refuses two processes on one GPU: all on the CPU with gloo
+        device = torch.device("cpu")
+        note = f"{processes} processes on a node with {gpus} GPU(s) run on the CPU; pass --nproc_per_node {gpus} to torchrun"
+    elif device.type == "cuda":
+        device = torch.device(f"cuda:{local_rank}")
         torch.cuda.set_device(device)
     if args.world_size > 1:
-        dist.init_process_group(backend)
-        sys.excepthook = lost_process_line(rank)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        sys.excepthook = lost_process_line
     return rank, device, note
 
 
-def lost_process_line(rank: int):
-    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
-    report names the process that failed first); any other error keeps its traceback."""
-
-    def hook(kind, error, tb):
-        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
-            return sys.__excepthook__(kind, error, tb)
-        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
-        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    return hook
+def lost_process_line(kind, error, tb) -> None:
+    """torchrun's exception hook: a collective that fails as another process is gone ends this one in one line."""
+    if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+        return sys.__excepthook__(kind, error, tb)
+    gone = f"process {os.environ['RANK']} stops: another process of this run is gone ({kind.__name__} in a collective)"
+    print(f"{SCRIPT}: error: {gone}; torchrun's report names the one that failed first", file=sys.stderr, flush=True)
 
 
 def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
     """The mean of x over the processes, for a decision every process must take alike."""
-    if world_size == 1:
-        return x
-    x = x.clone()
-    dist.all_reduce(x)
-    return x / world_size
-
-
-def gather_objects(local, world_size: int) -> list:
-    """Every process's `local` (any picklable value), in process order."""
-    everyone = [local] * world_size
     if world_size > 1:
-        dist.all_gather_object(everyone, local)
-    return everyone
+        x = x.clone()
+        dist.all_reduce(x)
+    return x / world_size
 
 
 def gather_episodes(finished: list, world_size: int) -> list:
     """Every process's (step, returns, lengths) of an iteration's episodes, in step order, then process order."""
-    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+    return sorted((entry for rows in gather(finished, world_size) for entry in rows), key=lambda entry: entry[0])
 
 
 def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
     """This process's RNG states in a checkpoint, which holds every process's; refused for another number of them."""
-    written = len(ckpt["rng"])
-    if written != world_size:
+    if (written := len(ckpt["rng"])) != world_size:
         launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
         fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
     return ckpt["rng"][rank]
 
 
-def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
-    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
-    if world_size > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def end_processes(world_size: int) -> None:
-    """The process group left together: a barrier first, since a process that tore its connections down while another
-    was in its last exchange was seen to abort at exit."""
-    if world_size > 1:
+def leave(run: "Run", stopped_at: str = "", stay: bool = False) -> None:
+    """The end of this process's work: a stop's resume line (process 0) and exit status 128 + signal; under torchrun, the
+    group left together, then os._exit, but for a process that stays (process 0, to save the final model)."""
+    if stopped_at and run.rank == 0:
+        run.close()
+        print(f"stopped at {stopped_at}; resume with: {resume_command(run.args, run.dir)}", flush=True)
+    code = 128 + run.stop[0] if stopped_at else 0
+    if dist.is_initialized():  # a barrier first: a process that left while another was in its last exchange was seen to abort
         dist.barrier()
         dist.destroy_process_group()
+    if run.args.world_size > 1 and not stay:  # past the teardown, where one was seen to abort (one launch in 50, gloo)
+        sys.stdout.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
-    would hang (a signal that arrives after this exchange waits for the next one)."""
+    """Whether to stop now, the same answer on every process (or the next exchange would hang); one host sync."""
     if world_size == 1:
         return bool(stop)
-    flag = torch.tensor([len(stop)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if (stopping := bool(flag.item())) and not stop:  # one host sync
+    stopping = bool(gather(torch.tensor([len(stop)], device=device), world_size).any())  # a later signal: the next time
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
     return stopping
-
-
-def stop_processes_and_exit(run: "Run", where: str):
-    """Run.stop_and_exit for one process or several: process 0 names the launcher in its resume line, and every
-    process waits there until process 0 has written the checkpoint."""
-    if run.rank == 0:
-        run.close()
-        print(f"stopped at {where}; resume with: {resume_command(run.args, run.dir)}", flush=True)
-    end_processes(run.args.world_size)
-    leave(run.args.world_size, 128 + run.stop[0])
-    sys.exit(128 + run.stop[0])
 
 
 # ===============================================================================================================

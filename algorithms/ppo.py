@@ -314,7 +314,7 @@ class RunningMeanStd:
     def update(self, x: np.ndarray) -> None:
         x = x.astype(np.float64)
         if self.world_size > 1:
-            x = gather_rows(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
+            x = gather(torch.from_numpy(x).to(self.device), self.world_size).cpu().numpy()
         self.mean, self.var, self.count = update_mean_var_count(self.mean, self.var, self.count, x.mean(0), x.var(0), len(x))
 
     def state_dict(self) -> dict:
@@ -477,9 +477,7 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-import signal
-import sys
-import traceback
+import traceback  # (signal and sys: the shared block imports them)
 
 import torch.distributed as dist
 
@@ -521,23 +519,14 @@ def preset_defaults(argv: list[str]) -> Args:
 # Envs
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
-    if envpool_has(env_id):
-        try:
-            spec = envpool.make_spec(env_id)
-        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
-            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
-        return spec.observation_space, spec.action_space
     try:
-        env = gym.make(env_id)
-    except ModuleNotFoundError:
-        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
-    except gym.error.Error as e:
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
-    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
-        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
-    spaces = env.observation_space, env.action_space
-    env.close()
-    return spaces
+        if envpool_has(env_id):
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
+        with gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:  # an unknown id, a module that does not import, a library short of a system one (Procgen: Qt 5)
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {' '.join(str(e).split())}); check the id and its module")
 
 
 # With --env-backend auto, gymnasium steps a classic-control id in the process up to this many envs, where its Python
@@ -549,14 +538,11 @@ GYMNASIUM_UP_TO = {"CartPole-v0": 10, "CartPole-v1": 10, "MountainCarContinuous-
 def pick_backend(env_id: str, num_envs: int, backend: str, render: bool = False) -> str:
     """The backend that steps env_id (see Args.env_backend); one line where the chosen one lacks the id. auto renders
     with envpool, since gymnasium's classic-control renderer needs pygame, which is not installed."""
-    in_envpool = envpool_has(env_id)
     if backend == "auto":
         few = num_envs <= GYMNASIUM_UP_TO.get(env_id, 0) and not render
-        return "gymnasium" if few or not in_envpool else "envpool"
-    if backend == "envpool" and not in_envpool:
-        fail(f"envpool has no env '{env_id}'; pass --env-backend gymnasium (or auto)")
-    if backend == "gymnasium" and env_id not in gym.registry and ":" not in env_id:
-        fail(f"gymnasium has no env '{env_id}' registered; pass --env-backend envpool (or auto)")
+        return "gymnasium" if few or not envpool_has(env_id) else "envpool"
+    if not (envpool_has(env_id) if backend == "envpool" else env_id in gym.registry or ":" in env_id):  # module:Id imports
+        fail(f"{backend} has no env '{env_id}'; pass --env-backend auto")
     return backend
 
 
@@ -578,8 +564,7 @@ def atari_id(env_id: str) -> bool:
 
 
 def can_render(env_id: str, backend: str = "auto") -> bool:
-    """--capture-video's rule: envpool's MuJoCo renderer needs OpenGL (a display, or MUJOCO_GL egl or osmesa) and ends
-    the whole process where it has none; gymnasium's renderers need pygame; envpool's others render anywhere."""
+    """--capture-video's rule, checked first: envpool's MuJoCo ends the process without OpenGL; gymnasium's needs pygame."""
     if backend == "gymnasium" or not envpool_has(env_id):
         return importlib.util.find_spec("pygame") is not None
     mujoco = envpool.registration.registry.specs[env_id][0].startswith("envpool.mujoco")
@@ -588,17 +573,13 @@ def can_render(env_id: str, backend: str = "auto") -> bool:
 
 def bf16_note(device: torch.device) -> str:
     """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
-    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
+    (compute capability 8), or a CPU whose /proc/cpuinfo (Linux, as envpool) names no AVX512-BF16, AMX or Arm BF16."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
-        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
-            native = True
-    what = "GPU" if device.type == "cuda" else "CPU"
-    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
+        with open("/proc/cpuinfo") as f:
+            native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+    return "" if native else f"note: no native bfloat16 on {device}: --bf16 is likely slower than float32"
 
 
 # Evaluation, resume, storage and argument checks of this algorithm
@@ -652,10 +633,7 @@ def check_frame_size(env_id: str, obs_space: gym.Space) -> None:
     """Frames too small for the Nature CNN (36x36 -> 8x8 -> 3x3 -> 1x1 through its three layers): refused in one line."""
     if len(obs_space.shape) == 3 and min(obs_space.shape[1:]) < 36:
         h, w = obs_space.shape[1:]
-        fail(
-            f"the Nature CNN takes frames of at least 36x36, and {env_id} has {h}x{w}; scale them up to 36x36, or flatten "
-            "them into a vector (gymnasium's FlattenObservation wrapper), which an MLP takes"
-        )
+        fail(f"the Nature CNN takes frames of at least 36x36, and {env_id} has {h}x{w}; scale them up, or flatten them")
 
 
 def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> None:
@@ -703,56 +681,46 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
 
 
 # Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
-def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
-    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
-    if device.type != "cuda":
-        return device, "gloo", None
-    if local_world_size <= gpus:
-        return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
-    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-
-
 def start_processes(args: Args, small: bool = False) -> tuple[int, torch.device, str | None]:
-    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
-    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds (the same everywhere: the same initial weights), device, torchrun's group; returns (rank, device, note)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
-    device, backend, note = process_device(seed_and_device(args, small), local_rank, local_world_size, gpus)
-    if device.type == "cuda":
+    processes, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    device, note = seed_and_device(args, small), None
+    if device.type == "cuda" and processes > gpus:  # NCCL refuses two processes on one GPU: all on the CPU with gloo
+        device = torch.device("cpu")
+        note = f"{processes} processes on a node with {gpus} GPU(s) run on the CPU; pass --nproc_per_node {gpus} to torchrun"
+    elif device.type == "cuda":
+        device = torch.device(f"cuda:{local_rank}")
         torch.cuda.set_device(device)
     if args.world_size > 1:
-        dist.init_process_group(backend)
-        sys.excepthook = lost_process_line(rank)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        sys.excepthook = lost_process_line
     return rank, device, note
 
 
-def lost_process_line(rank: int):
-    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
-    report names the process that failed first); any other error keeps its traceback."""
-
-    def hook(kind, error, tb):
-        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
-            return sys.__excepthook__(kind, error, tb)
-        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
-        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    return hook
+def lost_process_line(kind, error, tb) -> None:
+    """torchrun's exception hook: a collective that fails as another process is gone ends this one in one line."""
+    if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+        return sys.__excepthook__(kind, error, tb)
+    gone = f"process {os.environ['RANK']} stops: another process of this run is gone ({kind.__name__} in a collective)"
+    print(f"{SCRIPT}: error: {gone}; torchrun's report names the one that failed first", file=sys.stderr, flush=True)
 
 
 def mean_over_processes(x: torch.Tensor, world_size: int) -> torch.Tensor:
     """The mean of x over the processes, for a decision every process must take alike."""
-    if world_size == 1:
-        return x
-    x = x.clone()
-    dist.all_reduce(x)
+    if world_size > 1:
+        x = x.clone()
+        dist.all_reduce(x)
     return x / world_size
 
 
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
+def gather(local, world_size: int):
+    """Every process's `local` in process order: a tensor's rows concatenated, any other (picklable) value in a list."""
+    if not isinstance(local, torch.Tensor):
+        everyone = [local] * world_size
+        if world_size > 1:
+            dist.all_gather_object(everyone, local)
+        return everyone
     if world_size == 1:
         return local
     parts = [torch.empty_like(local) for _ in range(world_size)]
@@ -760,66 +728,44 @@ def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def gather_objects(local, world_size: int) -> list:
-    """Every process's `local` (any picklable value), in process order."""
-    everyone = [local] * world_size
-    if world_size > 1:
-        dist.all_gather_object(everyone, local)
-    return everyone
-
-
 def gather_episodes(finished: list, world_size: int) -> list:
     """Every process's (step, returns, lengths) of an iteration's episodes, in step order, then process order."""
-    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+    return sorted((entry for rows in gather(finished, world_size) for entry in rows), key=lambda entry: entry[0])
 
 
 def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
     """This process's RNG states in a checkpoint, which holds every process's; refused for another number of them."""
-    written = len(ckpt["rng"])
-    if written != world_size:
+    if (written := len(ckpt["rng"])) != world_size:
         launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
         fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
     return ckpt["rng"][rank]
 
 
-def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
-    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
-    if world_size > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def end_processes(world_size: int) -> None:
-    """The process group left together: a barrier first, since a process that tore its connections down while another
-    was in its last exchange was seen to abort at exit."""
-    if world_size > 1:
+def leave(run: "Run", stopped_at: str = "", stay: bool = False) -> None:
+    """The end of this process's work: a stop's resume line (process 0) and exit status 128 + signal; under torchrun, the
+    group left together, then os._exit, but for a process that stays (process 0, to save the final model)."""
+    if stopped_at and run.rank == 0:
+        run.close()
+        print(f"stopped at {stopped_at}; resume with: {resume_command(run.args, run.dir)}", flush=True)
+    code = 128 + run.stop[0] if stopped_at else 0
+    if dist.is_initialized():  # a barrier first: a process that left while another was in its last exchange was seen to abort
         dist.barrier()
         dist.destroy_process_group()
+    if run.args.world_size > 1 and not stay:  # past the teardown, where one was seen to abort (one launch in 50, gloo)
+        sys.stdout.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
-    would hang (a signal that arrives after this exchange waits for the next one)."""
+    """Whether to stop now, the same answer on every process (or the next exchange would hang); one host sync."""
     if world_size == 1:
         return bool(stop)
-    flag = torch.tensor([len(stop)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if (stopping := bool(flag.item())) and not stop:  # one host sync
+    stopping = bool(gather(torch.tensor([len(stop)], device=device), world_size).any())  # a later signal: the next time
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
     return stopping
-
-
-def stop_processes_and_exit(run: "Run", where: str):
-    """Run.stop_and_exit for one process or several: process 0 names the launcher in its resume line, and every
-    process waits there until process 0 has written the checkpoint."""
-    if run.rank == 0:
-        run.close()
-        print(f"stopped at {where}; resume with: {resume_command(run.args, run.dir)}", flush=True)
-    end_processes(run.args.world_size)
-    leave(run.args.world_size, 128 + run.stop[0])
-    sys.exit(128 + run.stop[0])
 
 
 # A run's start and end, as main calls them
@@ -873,21 +819,19 @@ def end_iteration(args: Args, run, nets: tuple, finished: list, stats: dict, rol
                 run.log_eval(evaluate(agent, obs_rms, args, run.device, run.video(global_step)), global_step)
     stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same on every process
     if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:
-        rngs = gather_objects(rng_state(run.device), args.world_size)
+        rngs = gather(rng_state(run.device), args.world_size)
         if run.rank == 0:  # None: a statistic this run does not keep
             state = {key: None if net is None else net.state_dict() for key, net in zip(NETS, nets, strict=True)}
             run.checkpoint(**state, global_step=global_step, iteration=iteration, rng=rngs)
     if stopping:
         run.envs.close()
-        stop_processes_and_exit(run, f"step {global_step:,}")
+        leave(run, stopped_at=f"step {global_step:,}")
 
 
 def end_run(args: Args, run: "Run", agent, obs_rms, global_step: int) -> None:
     """The envs closed, the processes left together; process 0 saves, reloads and evaluates the final model (--save-model)."""
     run.envs.close()
-    end_processes(args.world_size)
-    if run.rank != 0:
-        leave(args.world_size)
+    leave(run, stay=run.rank == 0)  # process 0 stays, to save the final model
     if args.save_model:  # as a user who loads the model evaluates it: a new agent, the statistics frozen
         state = run.save_and_reload(model=agent.state_dict(), obs_rms=obs_rms.state_dict() if obs_rms else None)
         eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
@@ -897,7 +841,7 @@ def end_run(args: Args, run: "Run", agent, obs_rms, global_step: int) -> None:
             eval_rms.load_state_dict(state["obs_rms"])
         run.log_eval(evaluate(eval_agent, eval_rms, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)
-    leave(args.world_size)
+    leave(run)
 
 
 # ===============================================================================================================

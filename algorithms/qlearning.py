@@ -274,23 +274,14 @@ def preset_defaults(argv: list[str]) -> Args:
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
-    if envpool_has(env_id):
-        try:
-            spec = envpool.make_spec(env_id)
-        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
-            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
-        return spec.observation_space, spec.action_space
     try:
-        env = gym.make(env_id)
-    except ModuleNotFoundError:
-        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
-    except gym.error.Error as e:
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
-    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
-        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
-    spaces = env.observation_space, env.action_space
-    env.close()
-    return spaces
+        if envpool_has(env_id):
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
+        with gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:  # an unknown id, a module that does not import, a library short of a system one (Procgen: Qt 5)
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {' '.join(str(e).split())}); check the id and its module")
 
 
 def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int = 0):

@@ -289,7 +289,7 @@ class RunningMeanStd:
         self.world_size = world_size
 
     def update(self, x: torch.Tensor) -> None:
-        x = gather_rows(x.double(), self.world_size)
+        x = gather(x.double(), self.world_size)
         self.mean, self.var, self.count = update_mean_var_count(
             self.mean, self.var, self.count, x.mean(0), x.var(0, unbiased=False), x.shape[0]
         )
@@ -366,7 +366,7 @@ def normalize_intrinsic(rewards, rewems, valid, rms: RunningMeanStd, gamma: floa
     updated first with the rollout's filtered values (not the reset steps'). Returns rewards, rewems."""
     filtered, rewems = forward_filter(rewards, rewems, valid, gamma)
     if world_size > 1:  # under torchrun, every process's values, laid out as one process's (T, all envs)
-        filtered, valid = (gather_rows(x.T.contiguous(), world_size).T for x in (filtered, valid))
+        filtered, valid = (gather(x.T.contiguous(), world_size).T for x in (filtered, valid))
     kept = filtered[valid.bool()]
     if kept.numel():
         rms.update(kept)
@@ -652,9 +652,7 @@ def main(args: Args) -> None:
 
 
 # The algorithm ends here; a learner may stop. Below: this file's machinery (envs, torchrun, checks), then the shared plumbing.
-import signal
-import sys
-import traceback
+import traceback  # (signal and sys: the shared block imports them)
 
 CHECKPOINT_FORMAT = 2  # the layout of checkpoints and models: raise it when a field changes (a resume refuses another)
 RANGES = dict(  # every numeric flag's interval, checked before anything else happens
@@ -673,23 +671,14 @@ def preset_defaults(argv: list[str]) -> Args:  # the paper's setting: rnd_ppo.py
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one env, without starting a pool; one line for an id that cannot be made."""
-    if envpool_has(env_id):
-        try:
-            spec = envpool.make_spec(env_id)
-        except ImportError as e:  # a family whose library needs a system one (Procgen: the Qt 5 runtime)
-            fail(f"envpool cannot load '{env_id}' ({' '.join(str(e).split())}); `make install` adds libqt5gui5 for Procgen")
-        return spec.observation_space, spec.action_space
     try:
-        env = gym.make(env_id)
-    except ModuleNotFoundError:
-        fail(f"env id '{env_id}' names module '{env_id.split(':')[0]}', which cannot be imported; put it on PYTHONPATH")
-    except gym.error.Error as e:
-        fail(f"unknown env id '{env_id}' ({type(e).__name__}); envpool.list_all_envs() and gymnasium.registry hold the ids")
-    except Exception as e:  # an env's own constructor failing: name it rather than print its traceback
-        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {e}); check the env id and its arguments")
-    spaces = env.observation_space, env.action_space
-    env.close()
-    return spaces
+        if envpool_has(env_id):
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
+        with gym.make(env_id) as env:
+            return env.observation_space, env.action_space
+    except Exception as e:  # an unknown id, a module that does not import, a library short of a system one (Procgen: Qt 5)
+        fail(f"env '{env_id}' cannot be made ({type(e).__name__}: {' '.join(str(e).split())}); check the id and its module")
 
 
 def make_env(env_id: str, num_envs: int, seed: int, max_episode_steps: int, sticky_action_prob: float, render=False):
@@ -722,7 +711,7 @@ class Rooms:
 
     def log(self, run: "Run", global_step: int) -> str:
         """Every process's finished episodes' rooms and all rooms seen, logged by process 0; the progress line's part."""
-        everyone = gather_objects((self.seen, self.finished), run.args.world_size)  # one exchange for both
+        everyone = gather((self.seen, self.finished), run.args.world_size)  # one exchange for both
         self.seen, self.finished = np.logical_or.reduce([seen for seen, _ in everyone]), []
         if run.rank != 0 or self.address is None:
             return ""
@@ -730,15 +719,6 @@ class Rooms:
             run.writer.add_scalar("charts/episode_rooms", rooms, step)
         run.writer.add_scalar("charts/rooms_visited_total", int(self.seen.sum()), global_step)
         return f" | rooms {int(self.seen.sum())}"
-
-
-def gather_rows(local: torch.Tensor, world_size: int) -> torch.Tensor:
-    """All processes' rows, in process order (process r holds the r-th slice of the envs or of the population)."""
-    if world_size == 1:
-        return local
-    parts = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(parts, local)
-    return torch.cat(parts)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -790,13 +770,13 @@ def end_iteration(run: "Run", args: Args, nets: dict, finished: list, stats: dic
                 run.log_eval(evaluate(nets["model"], args, run.device, run.video(global_step)), global_step)
     stopping = stop_everywhere(run.stop, args.world_size, run.device)  # the same on every process
     if crossed(global_step, args.batch_size, args.checkpoint_every) or stopping:  # with every process's share
-        every_rewems, rngs = gather_rows(rewems, args.world_size), gather_objects(rng_state(run.device), args.world_size)
+        every_rewems, rngs = gather(rewems, args.world_size), gather(rng_state(run.device), args.world_size)
         if run.rank == 0:
             run.checkpoint(**{key: net.state_dict() for key, net in nets.items()}, rewems=every_rewems.cpu(),
                            rooms_seen=run.rooms.seen, global_step=global_step, iteration=iteration, rng=rngs)  # fmt: skip
     if stopping:
         run.envs.close()
-        stop_processes_and_exit(run, f"step {global_step:,}")
+        leave(run, stopped_at=f"step {global_step:,}")
 
 
 def storage(args: Args, obs_space: gym.Space, action_space: gym.Space, device: torch.device) -> dict:
@@ -839,131 +819,104 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     args.chunk_size = args.chunk_size or (args.minibatch_size if cuda else 256)
 
 
-def process_device(device: torch.device, local_rank: int, local_world_size: int, gpus: int):
-    """(device, collective backend, a line to say or None): a GPU each with NCCL where the node has enough of them, else
-    every process on the CPU with gloo (NCCL refuses two processes on one GPU)."""
-    if device.type != "cuda":
-        return device, "gloo", None
-    if local_world_size <= gpus:
-        return torch.device(f"cuda:{local_rank}"), "nccl", None
-    note = f"{local_world_size} processes on a node with {gpus} GPU(s): every process runs on the CPU with gloo"
-    return torch.device("cpu"), "gloo", f"{note} (torchrun --nproc_per_node {gpus} puts one process on each GPU)"
-
-
 def start_processes(args: Args, small: bool = False) -> tuple[int, torch.device, str | None]:
-    """Seeds and device; under torchrun, the process group joined. Every process takes the same seed, so all build the
-    same initial weights. Returns (rank, device, a line for process 0 to say or None)."""
+    """Seeds (the same everywhere: the same initial weights), device, torchrun's group; returns (rank, device, note)."""
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
-    device, backend, note = process_device(seed_and_device(args, small), local_rank, local_world_size, gpus)
-    if device.type == "cuda":
+    processes, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count()
+    device, note = seed_and_device(args, small), None
+    if device.type == "cuda" and processes > gpus:  # NCCL refuses two processes on one GPU: all on the CPU with gloo
+        device = torch.device("cpu")
+        note = f"{processes} processes on a node with {gpus} GPU(s) run on the CPU; pass --nproc_per_node {gpus} to torchrun"
+    elif device.type == "cuda":
+        device = torch.device(f"cuda:{local_rank}")
         torch.cuda.set_device(device)
     if args.world_size > 1:
-        dist.init_process_group(backend)
-        sys.excepthook = lost_process_line(rank)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        sys.excepthook = lost_process_line
     return rank, device, note
 
 
-def lost_process_line(rank: int):
-    """An exception hook: a collective that fails because another process is gone ends this one in one line (torchrun's
-    report names the process that failed first); any other error keeps its traceback."""
-
-    def hook(kind, error, tb):
-        if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
-            return sys.__excepthook__(kind, error, tb)
-        gone = f"another process of this run is gone ({kind.__name__} in a collective)"
-        print(f"{SCRIPT}: error: process {rank} stops: {gone}; torchrun's report names the process that failed first",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    return hook
+def lost_process_line(kind, error, tb) -> None:
+    """torchrun's exception hook: a collective that fails as another process is gone ends this one in one line."""
+    if not any("torch/distributed" in frame.filename for frame in traceback.extract_tb(tb)):
+        return sys.__excepthook__(kind, error, tb)
+    gone = f"process {os.environ['RANK']} stops: another process of this run is gone ({kind.__name__} in a collective)"
+    print(f"{SCRIPT}: error: {gone}; torchrun's report names the one that failed first", file=sys.stderr, flush=True)
 
 
 def average_gradients(parameters, world_size: int) -> None:
     """Gradients replaced by their mean over the processes, in one all-reduce of one flat buffer; by hand, as CleanRL's
     ppo_atari_multigpu.py does, since DDP hooks the wrapped module's forward, which the update reaches around."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
+    flat = torch.cat([g.flatten() for g in grads]) / world_size
     dist.all_reduce(flat)
-    flat /= world_size
     for g, mean in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
         g.copy_(mean.view_as(g))
 
 
-def gather_objects(local, world_size: int) -> list:
-    """Every process's `local` (any picklable value), in process order."""
-    everyone = [local] * world_size
-    if world_size > 1:
-        dist.all_gather_object(everyone, local)
-    return everyone
+def gather(local, world_size: int):
+    """Every process's `local` in process order: a tensor's rows concatenated, any other (picklable) value in a list."""
+    if not isinstance(local, torch.Tensor):
+        everyone = [local] * world_size
+        if world_size > 1:
+            dist.all_gather_object(everyone, local)
+        return everyone
+    if world_size == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts)
 
 
 def gather_episodes(finished: list, world_size: int) -> list:
     """Every process's (step, returns, lengths) of an iteration's episodes, in step order, then process order."""
-    return sorted((entry for rows in gather_objects(finished, world_size) for entry in rows), key=lambda entry: entry[0])
+    return sorted((entry for rows in gather(finished, world_size) for entry in rows), key=lambda entry: entry[0])
 
 
 def process_rng(ckpt: dict, rank: int, world_size: int) -> dict:
     """This process's RNG states in a checkpoint, which holds every process's; refused for another number of them."""
-    written = len(ckpt["rng"])
-    if written != world_size:
+    if (written := len(ckpt["rng"])) != world_size:
         launcher = f"torchrun --nproc_per_node {written}" if written > 1 else "python (one process)"
         fail(f"the checkpoint was written by {written} process(es), and this run has {world_size}; resume it with {launcher}")
     return ckpt["rng"][rank]
 
 
-def leave(world_size: int, code: int = 0) -> None:
-    """Under torchrun, os._exit once the work is written: in the interpreter's teardown a process was seen to abort
-    (std::terminate, about one run in 50 on the CPU with gloo), failing the whole launch."""
-    if world_size > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def end_processes(world_size: int) -> None:
-    """The process group left together: a barrier first, since a process that tore its connections down while another
-    was in its last exchange was seen to abort at exit."""
-    if world_size > 1:
+def leave(run: "Run", stopped_at: str = "", stay: bool = False) -> None:
+    """The end of this process's work: a stop's resume line (process 0) and exit status 128 + signal; under torchrun, the
+    group left together, then os._exit, but for a process that stays (process 0, to save the final model)."""
+    if stopped_at and run.rank == 0:
+        run.close()
+        print(f"stopped at {stopped_at}; resume with: {resume_command(run.args, run.dir)}", flush=True)
+    code = 128 + run.stop[0] if stopped_at else 0
+    if dist.is_initialized():  # a barrier first: a process that left while another was in its last exchange was seen to abort
         dist.barrier()
         dist.destroy_process_group()
+    if run.args.world_size > 1 and not stay:  # past the teardown, where one was seen to abort (one launch in 50, gloo)
+        sys.stdout.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
 
 
 def stop_everywhere(stop: list[int], world_size: int, device: torch.device) -> bool:
-    """Whether to stop now, the same answer on every process: all stop after the same iteration, or the next exchange
-    would hang (a signal that arrives after this exchange waits for the next one)."""
+    """Whether to stop now, the same answer on every process (or the next exchange would hang); one host sync."""
     if world_size == 1:
         return bool(stop)
-    flag = torch.tensor([len(stop)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if (stopping := bool(flag.item())) and not stop:  # one host sync
+    stopping = bool(gather(torch.tensor([len(stop)], device=device), world_size).any())  # a later signal: the next time
+    if stopping and not stop:
         stop.append(signal.SIGTERM)
     return stopping
 
 
-def stop_processes_and_exit(run: "Run", where: str):
-    """Run.stop_and_exit for one process or several: process 0 names the launcher in its resume line, and every
-    process waits there until process 0 has written the checkpoint."""
-    if run.rank == 0:
-        run.close()
-        print(f"stopped at {where}; resume with: {resume_command(run.args, run.dir)}", flush=True)
-    end_processes(run.args.world_size)
-    leave(run.args.world_size, 128 + run.stop[0])
-    sys.exit(128 + run.stop[0])
-
-
 def bf16_note(device: torch.device) -> str:
     """The start line's word where bfloat16 is emulated, so --bf16 likely slower than float32: a GPU before Ampere
-    (compute capability 8), or a CPU whose /proc/cpuinfo names no bfloat16 instructions (AVX512-BF16, AMX, Arm's BF16)."""
+    (compute capability 8), or a CPU whose /proc/cpuinfo (Linux, as envpool) names no AVX512-BF16, AMX or Arm BF16."""
     if device.type == "cuda":
         native = torch.cuda.get_device_capability(device)[0] >= 8
     else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
-        except OSError:  # no /proc/cpuinfo (not Linux): nothing to say
-            native = True
-    what = "GPU" if device.type == "cuda" else "CPU"
-    return "" if native else f"note: this {what} has no native bfloat16: --bf16 is likely slower than float32"
+        with open("/proc/cpuinfo") as f:
+            native = not {"avx512_bf16", "amx_bf16", "bf16"}.isdisjoint(f.read().split())
+    return "" if native else f"note: no native bfloat16 on {device}: --bf16 is likely slower than float32"
 
 
 def start_run(args: Args) -> "Run":
@@ -1014,17 +967,15 @@ def restore_run(args: Args, run: "Run", nets: dict, statistics):
 def end_run(args: Args, run: "Run", nets: dict, rewems: torch.Tensor, global_step: int) -> None:
     """Envs closed, filter states gathered, processes left together; then process 0 saves, reloads and evaluates the model."""
     run.envs.close()
-    rewems = gather_rows(rewems, args.world_size)
-    end_processes(args.world_size)
-    if run.rank != 0:
-        leave(args.world_size)
+    rewems = gather(rewems, args.world_size)
+    leave(run, stay=run.rank == 0)  # process 0 stays, to save the final model
     if args.save_model:  # what the policy and its intrinsic reward need: both networks, every statistic
         model = {key: nets[key].state_dict() for key in ("model", "rnd", "obs_rms", "reward_rms")}
         eval_agent = Agent(run.obs_space, run.action_space, args.rnn, args.rnn_size, args.bf16).to(run.device)
         eval_agent.load_state_dict(run.save_and_reload(**model, rewems=rewems.cpu())["model"])
         run.log_eval(evaluate(eval_agent, args, run.device, run.video()), global_step, run.model_path)
     run.finish(global_step)
-    leave(args.world_size)
+    leave(run)
 
 
 # ===============================================================================================================

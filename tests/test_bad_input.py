@@ -227,7 +227,7 @@ def test_a_procgen_id_without_the_qt_runtime_gets_one_line(name, tmp_path, monke
 
     monkeypatch.setattr(MODULES[name].envpool, "make_spec", no_qt)
     proc = run_in_process(name, lambda module: module.main(module.parse_args(["--env-id", "StarpilotEasy-v0"])), tmp_path)
-    assert_one_error_line(name, proc, "envpool cannot load 'StarpilotEasy-v0' .*Qt runtime. Install.*libqt5gui5 for Procgen")
+    assert_one_error_line(name, proc, "'StarpilotEasy-v0' .*Qt runtime. Install the Qt5 Core/Gui shared libraries")
     assert not (tmp_path / "runs").exists()
 
 

@@ -53,17 +53,26 @@ def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu(algo, flags, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "device, local_rank, local_world_size, gpus, expected, backend",
+    "device, local_rank, local_world_size, gpus, expected",
     [
-        ("cpu", 1, 2, 0, "cpu", "gloo"),  # --no-cuda or no GPU: gloo on the CPU
-        ("cuda", 1, 2, 2, "cuda:1", "nccl"),  # a GPU per process
-        ("cuda", 0, 1, 1, "cuda:0", "nccl"),  # one process, one GPU
-        ("cuda", 1, 2, 1, "cpu", "gloo"),  # two processes, one GPU: rank 1 used to ask for cuda:1 and fail
+        ("cpu", 1, 2, 0, "cpu"),  # --no-cuda or no GPU: gloo on the CPU
+        ("cuda", 1, 2, 2, "cuda:1"),  # a GPU per process (NCCL)
+        ("cuda", 0, 1, 1, "cuda:0"),  # one process, one GPU
+        ("cuda", 1, 2, 1, "cpu"),  # two processes, one GPU: rank 1 used to ask for cuda:1 and fail
     ],
 )
-def test_each_torchrun_process_gets_a_device_that_exists(device, local_rank, local_world_size, gpus, expected, backend):
-    got, got_backend, note = es.process_device(torch.device(device), local_rank, local_world_size, gpus)
-    assert (str(got), got_backend) == (expected, backend)
+def test_each_torchrun_process_gets_a_device_that_exists(device, local_rank, local_world_size, gpus, expected, monkeypatch):
+    """The device start_processes gives the process torchrun started as LOCAL_RANK of LOCAL_WORLD_SIZE on a node with
+    `gpus` GPUs (faked), and the line process 0 says where the processes outnumber the GPUs."""
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world_size))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # start_processes leaves this process's thread count alone
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    args = es.Args(cuda=device == "cuda")  # world_size 1: the group is not joined
+    _, got, note = es.start_processes(args, small=True)
+    assert str(got) == expected
     assert (note is not None) == (device == "cuda" and local_world_size > gpus)
 
 
