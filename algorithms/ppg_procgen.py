@@ -595,7 +595,9 @@ RANGES = dict(seed="[0, 1e9]", num_levels="[0, 1e9]", start_level="[0, 1e9]", ev
 def preset_defaults(argv: list[str]) -> Args:
     # paper: openai/phasic-policy-gradient train.py (but the reward filter's gamma, see scale_reward); small: N_pi 8
     n_pi = 8 if flag_value(argv, "preset", Args.preset) == "small" else Args.n_pi
-    return Args(env_id=flag_value(argv, "env_id", Args.env_id), n_pi=n_pi)
+    env_id = flag_value(argv, "env_id", Args.env_id)  # a game's name: --help shows the id it runs
+    easy = f"{env_id.capitalize()}Easy-v0"
+    return Args(env_id=easy if easy in envpool.list_all_envs() else env_id, n_pi=n_pi)
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
@@ -642,7 +644,7 @@ def start_run(args: Args) -> "Run":
         saved = ckpt["phase"][rank]  # (written whole, to a .tmp renamed)
         if saved and not os.path.isfile(path := os.path.join("runs", ckpt["run_name"], saved["file"])):
             fail(f"the checkpoint's phase frames {path} are missing; resume from a checkpoint whose frames are beside it")
-    run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {N} of the {args.num_envs} envs")
+    run = Run(args, ckpt, device, args.num_iterations * args.batch_size, share=f"stepping {N} of the {args.num_envs} envs")
     run.dir = gather(run.dir, args.world_size)[0]  # process 0's: the others write their frames of the phase there
     for line in (note, args.bf16 and bf16_note(device)):
         if line and rank == 0:

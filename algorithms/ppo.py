@@ -782,7 +782,7 @@ def start_run(args: Args) -> "Run":
     if ckpt is not None:  # a checkpoint of another number of processes: refused before anything is written
         process_rng(ckpt, rank, args.world_size)
     n = args.num_envs // args.world_size
-    run = Run(args, ckpt, device, args.total_timesteps, share=f"stepping {n} of the {args.num_envs} envs")
+    run = Run(args, ckpt, device, args.num_iterations * args.batch_size, share=f"stepping {n} of the {args.num_envs} envs")
     for line in (note, args.bf16 and bf16_note(device)):
         if line and rank == 0:
             print(line, flush=True)

@@ -288,6 +288,11 @@ def test_phase_buffer_holds_every_frame_the_policy_saw_in_order(tmp_path, monkey
     assert (valid == 0).any()  # some reset steps happened (Bigfish's random episodes are short), so the check bites
 
 
+def test_help_shows_the_id_a_game_name_runs(tmp_path):
+    proc = run_in_process("ppg_procgen", lambda module: module.parse_args(["--env-id", "bigfish", "--help"]), tmp_path)
+    assert proc.returncode == 0 and "(default: BigfishEasy-v0)" in " ".join(proc.stdout.split()), proc.stdout
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Runs end to end
 # ---------------------------------------------------------------------------------------------------------------
