@@ -27,14 +27,14 @@ BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_
 
 # Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
 CEILING = {
-    "ppo": dict(total=1406, machinery=447, shared=481),
-    "a2c": dict(total=1377, machinery=445, shared=481),
-    "ppg_procgen": dict(total=1486, machinery=430, shared=481),
-    "rnd_ppo": dict(total=1535, machinery=401, shared=481),
-    "dqn": dict(total=1109, machinery=269, shared=481),
-    "ddpg_td3": dict(total=1071, machinery=202, shared=481),
-    "es": dict(total=1119, machinery=285, shared=481),
-    "qlearning": dict(total=994, machinery=269, shared=481),
+    "ppo": dict(total=1310, machinery=368, shared=464),
+    "a2c": dict(total=1276, machinery=361, shared=464),
+    "ppg_procgen": dict(total=1405, machinery=362, shared=464),
+    "rnd_ppo": dict(total=1444, machinery=327, shared=464),
+    "dqn": dict(total=1046, machinery=223, shared=464),
+    "ddpg_td3": dict(total=1025, machinery=173, shared=464),
+    "es": dict(total=1052, machinery=235, shared=464),
+    "qlearning": dict(total=922, machinery=214, shared=464),
 }
 
 
