@@ -179,12 +179,20 @@ def test_report_keep_data_makes_the_same_report_once_the_benchmark_folder_is_gon
         report.main([str(tmp_path / "r"), "--keep-data"])
 
 
-def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path):
+def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path, capsys):
+    """A real row replaces its old one and keeps the others; a later row that fails (here its own flag, which reaches its
+    script, makes dqn.py refuse) is said in one line with its script's reason and leaves the table as the rows before it
+    wrote it; speed.py then exits 1 naming it."""
     out = tmp_path / "s.md"
     header = "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept |\n|---|\n"
     out.write_text(header + "| dqn.py | CartPole-v1 | 1 | kept |\n| ppo.py | CartPole-v1 | 4 | old |\n")
-    flags = ["--only", "ppo:CartPole-v1", "--steps-scale", "0.02", "--env-seconds", "0.5", "--no-compile"]
-    text = speed.main([*flags, "--out", str(out)])
+    flags = ["--only", "ppo:CartPole-v1", "dqn:CartPole-v1 --learning-starts 0", "--steps-scale", "0.02"]
+    with pytest.raises(SystemExit) as stop:
+        speed.main([*flags, "--env-seconds", "0.5", "--no-compile", "--out", str(out)])
+    assert stop.value.code == "speed.py: error: 1 of 2 rows failed (dqn:CartPole-v1), each said above"
+    refusal = "dqn.py: error: --learning-starts 0 is under --batch-size or leaves no gradient step; change it"
+    assert f"speed.py: row dqn:CartPole-v1 failed: dqn.py exited 2: {refusal}" in capsys.readouterr().out.splitlines()
+    text = out.read_text()
     table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(table) == 2 and table[1] == "| dqn.py | CartPole-v1 | 1 | kept |"  # in CONFIGS order; old row gone
     row = table[0]
@@ -409,26 +417,50 @@ def test_the_shell_comparisons_fetch_cleanrl_at_the_pinned_commit(tmp_path):
     assert url in (tmp_path / "args").read_text().split()
 
 
-def test_speed_says_a_refused_runs_own_line_and_writes_only_where_asked(tmp_path, monkeypatch):
-    """A row whose script refuses its budget (--steps-scale too small for dqn.py, say) ends speed.py in one line with the
-    script's own reason, not a traceback; without --out the table goes to benchmark/runs/, never over the committed one."""
-    line = "dqn.py: error: --total-timesteps 2000 leaves no learning after --learning-starts 10000; raise it"
-
-    def refusing(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
-        raise subprocess.CalledProcessError(2, [sys.executable, f"/x/algorithms/{algo}.py"], "", f"warning\n{line}\n")
-
-    monkeypatch.setattr(speed, "train", refusing)
-    with pytest.raises(SystemExit) as stop:
-        speed.main(["--only", "dqn:Breakout-v5", "--steps-scale", "0.1"])
-    assert stop.value.code == f"speed.py: error: dqn.py exited 2: {line}"
+def test_speed_goes_on_past_a_failed_row_and_writes_only_where_asked(tmp_path, monkeypatch, capsys):
+    """A row whose run fails (in its --bf16 run here) is said in one line with its script's own reason, not a traceback;
+    the rows after it are measured and written all the same, and speed.py exits 1 naming it. Without --out the table
+    goes to benchmark/runs/, never over the committed one. An --only that names no row, or cannot be split into words, is
+    refused in one line with exit 2 and nothing written."""
+    line = "ppo.py: error: --bf16 needs a GPU that computes in bfloat16; leave it out"
 
     def fast(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        if "--bf16" in flags:
+            raise subprocess.CalledProcessError(2, [sys.executable, f"/x/algorithms/{algo}.py"], "", f"warning\n{line}\n")
         return {"charts/SPS": [(steps, 100.0, 1.0)]}, 1.0
 
     monkeypatch.setattr(speed, "train", fast)
     monkeypatch.setattr(speed, "ROOT", tmp_path)  # where the default table would go
-    speed.main(["--only", "ppo:CartPole-v1", "--env-seconds", "0.1", "--no-compile"])
-    assert (tmp_path / "benchmark" / "runs" / "speed.md").is_file() and not (tmp_path / "benchmark" / "results").exists()
+    monkeypatch.setattr(speed, "env_sps", lambda env_id, num_envs, seconds: 1000.0)
+    with pytest.raises(SystemExit) as stop:
+        speed.main(["--only", "ppo", "--no-compile"])
+    assert stop.value.code == "speed.py: error: 1 of 2 rows failed (ppo:Breakout-v5), each said above"
+    said = capsys.readouterr().out.splitlines()
+    assert said[1] == f"speed.py: row ppo:Breakout-v5 failed: ppo.py exited 2: {line}" and len(said) == 2
+    table = (tmp_path / "benchmark" / "runs" / "speed.md").read_text()
+    assert "| ppo.py | CartPole-v1 |" in table and "| ppo.py | Breakout-v5 |" not in table
+    assert not (tmp_path / "benchmark" / "results").exists()
+    for only in (["nosuch"], ["ppo:Pong-v5"], ["ppo:CartPole-v1 --x 'unclosed"]):
+        with pytest.raises(SystemExit) as stop:
+            speed.main(["--only", *only, "--out", str(tmp_path / "never.md")])
+        assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1].split(": error: ")[1].startswith("--only")
+    assert not (tmp_path / "never.md").exists()
+
+
+def test_steps_scale_leaves_every_row_a_run_its_script_takes():
+    """At --steps-scale 0.1 a row's budget stays at least one rollout (ppg_procgen.py and rnd_ppo.py refuse less) and a
+    --learning-starts the budget does not pass becomes half the budget (dqn.py refuses a run without a gradient step);
+    the other rows are scaled as they are, and a row's own flags from --only come last, so they win."""
+    rows = {(algo, env_id): (budget, flags) for algo, env_id, _, budget, flags in speed.selected(speed.CONFIGS, None, 0.1)}
+    assert rows["dqn", "CartPole-v1"] == (10_000, ["--learning-starts", "5000"])
+    assert rows["dqn", "Breakout-v5"] == (2_000, ["--learning-starts", "1000"])
+    assert rows["ddpg_td3", "Hopper-v4"] == (500, ["--learning-starts", "256"])
+    assert rows["ppg_procgen", "StarpilotEasy-v0"][0] == 64 * 256 and rows["rnd_ppo", "MontezumaRevenge-v5"][0] == 128 * 128
+    assert rows["ppo", "CartPole-v1"] == (10_240, []) and rows["es", "CartPole-v1"] == (2, [])
+    assert [row[3] for row in speed.selected(speed.SCALING, ["ppg_procgen"], 0.1)] == [64 * 64]  # its --num-steps 64
+    assert speed.selected(speed.CONFIGS, ["dqn:CartPole-v1 --learning-starts 100"], 1.0) == [
+        ("dqn", "CartPole-v1", 1, 100_000, ["--learning-starts", "10000", "--learning-starts", "100"])
+    ]
 
 
 def test_report_tables_each_seed_beside_the_reference_curve_at_its_steps(tmp_path):
