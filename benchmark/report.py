@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from run import run_seconds, segments
-from tblog import read_scalars
+from tblog import purge_note, read_scalars
 
 HERE = Path(__file__).resolve().parent
 LAST_EPISODES = 100
@@ -329,6 +329,8 @@ def main(argv: list[str] | None = None) -> Path:
     plot(algo, runs, references, "seconds", "wall time (s)", out / "returns_vs_time.png", others, label)
     print((out / "report.md").read_text())
     print(f"plots: {out / 'returns_vs_steps.png'}, {out / 'returns_vs_time.png'}")
+    if purge_note():
+        print(purge_note())
     return out
 
 

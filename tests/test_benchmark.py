@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+import tblog  # as the tools import it: the same module and filter
 from benchmark import report, run, speed
 from benchmark.studies import cleanrl_speed
 from conftest import load_algorithm
@@ -130,6 +131,21 @@ def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: fl
         writer.add_scalar("eval/episodic_return", r, 100 * len(returns))
     writer.close()
     return {"env_id": env_id, "seed": seed, "status": "done", "returncode": 0, "start": 0.0, "end": 60.0, "run_dir": run_dir}
+
+
+def test_a_resumed_runs_purge_is_counted_not_warned(tmp_path, capsys, caplog):
+    """A run resumed from its step-5 checkpoint (SummaryWriter(purge_step=5)) after it had logged to step 10: the scalars
+    past the checkpoint are dropped, as tensorboard shows them, without tensorboard's warning of a "TensorFlow restart";
+    the tools' one-line note counts them."""
+    for steps, purge_step in ((range(1, 11), None), (range(5, 8), 5)):
+        writer = SummaryWriter(str(tmp_path), purge_step=purge_step)
+        for step in steps:
+            writer.add_scalar("charts/SPS", float(step), step)
+        writer.close()
+    before = tblog.purges.scalars
+    assert [step for step, _, _ in tblog.read_scalars(str(tmp_path))["charts/SPS"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert tblog.purges.scalars - before == 6 and tblog.purge_note().split(" scalars ")[1].startswith("that resumed runs")
+    assert not capsys.readouterr().err and not [r for r in caplog.records if "out of order" in r.getMessage()]
 
 
 @pytest.fixture
