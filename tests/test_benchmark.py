@@ -116,14 +116,14 @@ def test_resume_ends_a_hard_killed_run_at_its_logs_last_write(tmp_path):
     assert run.run_seconds(resumed[1]) == 300.0 and resumed[2]["segments"] == []
 
 
-def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0, evals=(), exact=()) -> dict:
-    """A run's events: training episodes, SPS, then `exact` (exact greedy returns) and `evals` (the final
-    evaluation's episodes, all at the last step, as the scripts log them)."""
+def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0, evals=(), exact=(), end=0):
+    """A run's events: training episodes, SPS at step `end` (default: the last episode's), then `exact` (exact greedy
+    returns) and `evals` (the final evaluation's episodes, all at the last episode's step, as the scripts log them)."""
     run_dir = f"runs/{env_id}__ppo__{seed}__1"
     writer = SummaryWriter(str(bench / run_dir))
     for i, r in enumerate(returns):
         writer.add_scalar("charts/episodic_return", r, 100 * (i + 1))
-    writer.add_scalar("charts/SPS", sps, 100 * len(returns))
+    writer.add_scalar("charts/SPS", sps, end or 100 * len(returns))
     for i, r in enumerate(exact):
         writer.add_scalar("eval/exact_return", r, 100 * (i + 1))
     writer.add_scalar("eval/episodic_return", -1e6, 50)  # a periodic evaluation earlier in the run: not the final one
@@ -160,7 +160,7 @@ def hand_made_bench(tmp_path):
         write_run(bench, "Acrobot-v1", 1, [-90.0] * 10),
         {"env_id": "Acrobot-v1", "seed": 2, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
         write_run(bench, "Acrobot-v1", 3, []),
-        write_run(bench, "MountainCar-v0", 1, [-500.0] * 10),
+        write_run(bench, "MountainCar-v0", 1, [-500.0] * 10, end=499_000),  # 1,000 steps short of 500k: the whole
         {"env_id": "Pendulum-v1", "seed": 1, "status": "stopped", "returncode": 143, "start": 0.0, "end": 1.0},
         {"env_id": "Pendulum-v1", "seed": 2, "status": "waiting"},
         {"env_id": "Hopper-v4", "seed": 1, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
@@ -176,9 +176,10 @@ def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     assert rows["CartPole-v1"][1:4] == ["2/2", "490.0 +- 10.0", "2,000"]  # mean and population std over seeds; SPS
     assert rows["CartPole-v1"][-1].startswith("ok")  # 490 +- 10 is within the reference's 490.0 +- 6.1
-    assert rows["Acrobot-v1"][1:3] == ["1/3", "-90.0 +- 0.0"] and "runs missing" in rows["Acrobot-v1"][-1]
+    assert rows["Acrobot-v1"][1:3] == ["1/3", "-90.0 +- 0.0"]  # below -86.4 +- 1.3, at 1,000 of its 500,000 steps
+    assert rows["Acrobot-v1"][-1] == "too short to compare: 1,000 of 500,000 steps; runs missing |"
     assert "Acrobot-v1 seed 2: crashed (exit 1)" in text and "Acrobot-v1 seed 3: no episodes logged" in text
-    assert "short of reference" in rows["MountainCar-v0"][-1]
+    assert rows["MountainCar-v0"][-1] == "**short of reference** |"
     assert rows["Pendulum-v1"][1] == "0/2" and rows["Pendulum-v1"][-1] == "not finished |"  # still to go on with --resume
     assert "Pendulum-v1 seed 1: stopped (not finished)" in text and "Pendulum-v1 seed 2: waiting (not finished)" in text
     assert rows["Hopper-v4"][-1] == "**failed** |"  # a crash among them is a failure
@@ -348,6 +349,24 @@ def test_status_view_reads_the_progress_lines_of_step_and_generation_counting_sc
         run.run_eta(tmp_path / "ppo.log") == "step 1,024/500,000, ETA 1m40s" and run.eta_seconds(tmp_path / "ppo.log") == 100
     )
     assert run.run_eta(tmp_path / "es.log") == "generation 3/100, ETA 2m05s" and run.eta_seconds(tmp_path / "es.log") == 125
+
+
+def test_status_view_gives_no_eta_before_a_run_has_a_rate(tmp_path):
+    """Runs still starting (no progress line) and none finished: the ETA is not known, so not 0m00s. Once a run has
+    finished, a run still starting counts a finished run's time; a running run its own ETA."""
+    (tmp_path / "starting.log").write_text("")
+    (tmp_path / "ppo.log").write_text("step 1,024/500,000 (0%) | SPS 5,000 | return n/a | ETA 1m40s\n")
+    starting = {"env_id": "CartPole-v1", "seed": 1, "status": "running", "log": "starting.log"}
+    view = run.status_view([starting, {**starting, "seed": 2}], tmp_path, 2).splitlines()
+    assert view[0].endswith("| running 2 | waiting 0 | ETA n/a") and view[1:] == [
+        "  running CartPole-v1 seed 1: starting",
+        "  running CartPole-v1 seed 2: starting",
+    ]
+    going = {**starting, "seed": 2, "log": "ppo.log"}
+    assert run.status_view([starting, going], tmp_path, 2).splitlines()[0].endswith("| ETA n/a")  # seed 1's time unknown
+    done = {**starting, "seed": 3, "status": "done", "segments": [[0.0, 300.0]]}
+    assert run.status_view([starting, going, done], tmp_path, 2).splitlines()[0].endswith("| ETA 5m00s")
+    assert run.status_view([going, done], tmp_path, 2).splitlines()[0].endswith("| ETA 1m40s")
 
 
 def test_action_size_of_a_policy_whose_mean_sits_outside_the_bounds(tmp_path):
