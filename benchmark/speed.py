@@ -223,10 +223,14 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
 
 
 def bf16_cell(algo, env_id, num_envs, budget, flags, eager_sps: float) -> str:
-    """The --bf16 column: the same run with --bf16, its SPS (as the script SPS column counts it) against the default's."""
+    """The --bf16 column: the same run with --bf16, its SPS (as the script SPS column counts it) against the default's;
+    where that run fails, why, as a compiled cell says it."""
     if (algo, env_id) not in BF16:
         return "-"
-    logged, _ = train(algo, env_id, num_envs, budget, [*flags, "--bf16"])
+    try:
+        logged, _ = train(algo, env_id, num_envs, budget, [*flags, "--bf16"])
+    except subprocess.CalledProcessError as crash:
+        return f"crashed (exit {crash.returncode}): {last_line(crash)[:150]}"
     sps = script_sps(logged, flags)[0]
     return f"{sps:,.0f} ({sps / eager_sps:.2f}x)"
 
@@ -291,8 +295,8 @@ def main(argv: list[str] | None = None) -> str:
         "--only",
         nargs="*",
         default=None,
-        help="rows to measure, as ALGO or ALGO:ENV_ID, each with flags of its own for its script after it in the same "
-        "quoted word (e.g. 'dqn:CartPole-v1 --learning-starts 1000'; default: all rows)",
+        help="rows to measure, as ALGO or ALGO:ENV_ID, each optionally followed, in the same quoted word, by flags for "
+        "that row's script (e.g. 'dqn:CartPole-v1 --learning-starts 1000'; default: all rows)",
     )
     p.add_argument(
         "--steps-scale",

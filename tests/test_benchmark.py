@@ -230,6 +230,12 @@ def test_the_bf16_column_runs_the_row_again_with_bf16_where_the_script_takes_it(
     assert calls == [["--x", "1", "--bf16"]]
     assert speed.bf16_cell("ppo", "CartPole-v1", 4, 1024, [], eager_sps=500.0) == "-" and len(calls) == 1
 
+    def refusing(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        raise subprocess.CalledProcessError(2, [sys.executable, f"/x/{algo}.py"], "", "ppo.py: error: no bfloat16 here\n")
+
+    monkeypatch.setattr(speed, "train", refusing)  # the row keeps its eager figures, and the cell says why it has none
+    assert speed.bf16_cell("ppo", "Breakout-v5", 8, 1024, [], 500.0) == "crashed (exit 2): ppo.py: error: no bfloat16 here"
+
 
 def test_scaling_rows_time_one_process_with_two_threads_against_two_processes_with_one(tmp_path, monkeypatch):
     """--scaling: each torchrun row once as 1 process x 2 threads and once as 2 processes x 1 thread, the same budget,
@@ -453,14 +459,14 @@ def test_the_shell_comparisons_fetch_cleanrl_at_the_pinned_commit(tmp_path):
 
 
 def test_speed_goes_on_past_a_failed_row_and_writes_only_where_asked(tmp_path, monkeypatch, capsys):
-    """A row whose run fails (in its --bf16 run here) is said in one line with its script's own reason, not a traceback;
+    """A row whose run fails (a refusal made up here) is said in one line with its script's own reason, not a traceback;
     the rows after it are measured and written all the same, and speed.py exits 1 naming it. Without --out the table
     goes to benchmark/runs/, never over the committed one. An --only that names no row, or cannot be split into words, is
     refused in one line with exit 2 and nothing written."""
-    line = "ppo.py: error: --bf16 needs a GPU that computes in bfloat16; leave it out"
+    line = "ppo.py: error: --total-timesteps 1638 is less than one rollout; raise it"
 
     def fast(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
-        if "--bf16" in flags:
+        if env_id == "Breakout-v5":
             raise subprocess.CalledProcessError(2, [sys.executable, f"/x/algorithms/{algo}.py"], "", f"warning\n{line}\n")
         return {"charts/SPS": [(steps, 100.0, 1.0)]}, 1.0
 
