@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from report import HERE, load_reference_curves, load_references, lone_run_job, reference_curve, seed_band
-from tblog import read_scalars
+from tblog import purge_note, read_scalars
 
 RESULTS = HERE / "results"
 
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> Path:
     p.add_argument("--out", default=str(RESULTS / "overview.png"), help="where the figure goes (PNG)")
     out = Path(p.parse_args(argv).out)
     print(f"{draw(out)} panels: {out}")
+    if purge_note():
+        print(purge_note())
     return out
 
 

@@ -127,11 +127,13 @@ def status_view(jobs: list[dict], bench_dir: Path, num_slots: int) -> str:
     durations = [run_seconds(j) for j in jobs if j["status"] == "done"]
     running_left = [eta_seconds(bench_dir / j["log"]) for j in jobs if j["status"] == "running"]
     per_run = sum(durations) / len(durations) if durations else max([e for e in running_left if e] or [0])
-    # the waiting runs queue behind the running ones, num_slots at a time
-    eta = max([e or 0 for e in running_left] or [0]) + counts["waiting"] * per_run / num_slots
+    # the waiting runs queue behind the running ones, num_slots at a time; a run still starting takes a whole run's
+    # time, unknown until a run has finished
+    eta = max([per_run if e is None else e for e in running_left] or [0]) + counts["waiting"] * per_run / num_slots
+    known = durations or None not in running_left
     lines = [
         f"[{time.strftime('%H:%M:%S')}] done {counts['done']}/{len(jobs)} | failed {counts['failed']} | "
-        f"running {counts['running']} | waiting {counts['waiting']} | ETA {format_seconds(eta)}"
+        f"running {counts['running']} | waiting {counts['waiting']} | ETA {format_seconds(eta) if known else 'n/a'}"
     ]
     for j in jobs:
         if j["status"] == "running":

@@ -3,6 +3,7 @@
     python benchmark/speed.py                   # every configuration below, into benchmark/runs/speed.md
     python benchmark/speed.py --out benchmark/results/speed.md   # the committed table, remade
     python benchmark/speed.py --only ppo        # one algorithm's rows
+    python benchmark/speed.py --only 'dqn:CartPole-v1 --learning-starts 1000'   # a row with flags of its own
     python benchmark/speed.py --scaling         # 1 process x 2 threads against 2 torchrun processes x 1 thread
 
 The fraction (script SPS / env SPS) is the share of the env's speed the learner keeps: the figure to watch when
@@ -10,6 +11,9 @@ changing a hot loop. The scripts with `--compile` run each row a second time com
 on a CUDA machine a third time with `--cudagraphs`; the table gives the ratio of their second-half SPS (compilation
 happens in the first iterations) and the run length from which compiling pays for itself. Run it on a quiet machine:
 other processes on the same cores distort every figure, ratios less than absolute SPS.
+
+The table is rewritten after each row. A row whose script fails is left out with its script's last line, the other rows
+go on, and speed.py exits 1 at the end naming the rows that failed.
 """
 
 import argparse
@@ -40,7 +44,7 @@ warnings.filterwarnings("ignore", message=".*precision lowered by casting to flo
 CONFIGS = [
     ("ppo", "CartPole-v1", 4, 102_400, []),
     ("ppo", "Breakout-v5", 8, 16_384, []),
-    ("dqn", "CartPole-v1", 1, 100_000, []),
+    ("dqn", "CartPole-v1", 1, 100_000, ["--learning-starts", "10000"]),
     ("dqn", "Breakout-v5", 1, 20_000, ["--learning-starts", "10000"]),
     ("a2c", "CartPole-v1", 8, 100_000, []),
     ("a2c", "Breakout-v5", 16, 16_000, []),
@@ -58,6 +62,9 @@ SCALING_ROWS = {("ppo", "CartPole-v1"), ("ppo", "Breakout-v5"), ("a2c", "CartPol
 SCALING = [c for c in CONFIGS if (c[0], c[1]) in SCALING_ROWS] + [
     ("ppg_procgen", "StarpilotEasy-v0", 64, 12_288, ["--num-steps", "64", "--n-pi", "2", "--e-aux", "1"])
 ]
+# the steps per env of one rollout in the presets of the rows whose rollout is more than a tenth of their budget: a
+# budget scaled below one rollout is raised to one, which the scripts take as their least
+ROLLOUT = {"ppg_procgen": 256, "rnd_ppo": 128}
 # the scripts with --compile (and --cudagraphs, CUDA only)
 COMPILED = {"ppo", "a2c", "dqn", "ddpg_td3"}
 # the rows whose script takes --bf16 there: the pixel networks, and TD3's MLPs (ppo, a2c and dqn refuse it on vectors)
@@ -90,10 +97,54 @@ def env_sps(env_id: str, num_envs: int, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def scaled(algo: str, num_envs: int, steps: int, flags: list[str], scale: float) -> tuple[int, list[str]]:
+    """A row's budget times `scale`, at least one rollout, and its flags with a --learning-starts that the budget leaves no
+    gradient step after set to half the budget (dqn.py and ddpg_td3.py refuse such a run)."""
+    given = dict(zip(flags[::2], flags[1::2], strict=True))  # the rows' own flags are pairs of name and value
+    rollout = num_envs * int(given.get("--num-steps", ROLLOUT[algo])) if algo in ROLLOUT else 1
+    budget = max(int(steps * scale), rollout)
+    if int(given.get("--learning-starts", 0)) >= budget:
+        given["--learning-starts"] = str(budget // 2)
+    return budget, [word for pair in given.items() for word in pair]
+
+
+def selected(configs: list[tuple], only: list[str] | None, scale: float) -> list[tuple]:
+    """The rows --only names (all without it) at their scaled budgets, each with the flags typed after its name added
+    last (a flag given twice takes the last value)."""
+    rows = []
+    for algo, env_id, num_envs, steps, flags in configs:
+        picks = [extra for name, *extra in map(shlex.split, only or []) if name in (algo, f"{algo}:{env_id}")]
+        if only is None or picks:
+            budget, flags = scaled(algo, num_envs, steps, flags, scale)
+            rows.append((algo, env_id, num_envs, budget, [*flags, *(picks[0] if picks else [])]))
+    return rows
+
+
+def measured(configs: list[tuple], measure, write) -> list[str]:
+    """Each row's measure in turn, the table written after each; a row whose run fails is left out, said in one line
+    with its script's last line, and the others go on. Exits 1 at the end if a row failed."""
+    rows, failed = [], []
+    for config in configs:
+        try:
+            rows.append(measure(*config))
+        except subprocess.CalledProcessError as crash:
+            failed.append(f"{config[0]}:{config[1]}")
+            script = next(Path(c).name for c in crash.cmd if str(c).endswith(".py"))
+            print(
+                f"speed.py: row {failed[-1]} failed: {script} exited {crash.returncode}: {last_line(crash)[:300]}", flush=True
+            )
+            continue
+        print(rows[-1], flush=True)
+        write(rows)
+    if failed:
+        sys.exit(f"speed.py: error: {len(failed)} of {len(configs)} rows failed ({', '.join(failed)}), each said above")
+    return rows
+
+
 def train(algo, env_id, num_envs, steps, flags, processes: int = 1, threads: int | None = None) -> tuple[dict, float]:
     """One training run in a temporary folder: its logged scalars and the whole run's wall time in seconds. With
     processes > 1, under torchrun (gloo on the CPU); threads sets each process's OMP_NUM_THREADS. A run that fails
-    raises CalledProcessError, which main turns into the script's own last line."""
+    raises CalledProcessError, which `measured` turns into the script's own last line."""
     with tempfile.TemporaryDirectory() as tmp:
         launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
         cmd = [sys.executable, *(launcher if processes > 1 else []), str(ROOT / "algorithms" / f"{algo}.py")]
@@ -172,10 +223,14 @@ def compiled_cells(algo, env_id, num_envs, budget, flags, eager: tuple[dict, flo
 
 
 def bf16_cell(algo, env_id, num_envs, budget, flags, eager_sps: float) -> str:
-    """The --bf16 column: the same run with --bf16, its SPS (as the script SPS column counts it) against the default's."""
+    """The --bf16 column: the same run with --bf16, its SPS (as the script SPS column counts it) against the default's;
+    where that run fails, why, as a compiled cell says it."""
     if (algo, env_id) not in BF16:
         return "-"
-    logged, _ = train(algo, env_id, num_envs, budget, [*flags, "--bf16"])
+    try:
+        logged, _ = train(algo, env_id, num_envs, budget, [*flags, "--bf16"])
+    except subprocess.CalledProcessError as crash:
+        return f"crashed (exit {crash.returncode}): {last_line(crash)[:150]}"
     sps = script_sps(logged, flags)[0]
     return f"{sps:,.0f} ({sps / eager_sps:.2f}x)"
 
@@ -202,51 +257,54 @@ def scaling(steps_scale: float, out: str, only: list[str] | None = None, command
     with one thread each and half the envs each; their SPS (all processes' steps over process 0's training time, the
     last charts/SPS: for ppg_procgen.py its auxiliary phase included) and whole-run wall times, and the ratio of the
     two SPS."""
-    rows = []
-    for algo, env_id, num_envs, steps, flags in SCALING:
-        if only is not None and algo not in only and f"{algo}:{env_id}" not in only:
-            continue
-        budget = max(int(steps * steps_scale), 1)
+
+    def row(algo, env_id, num_envs, budget, flags) -> str:
         runs = [train(algo, env_id, num_envs, budget, flags, processes, 2 // processes) for processes in (1, 2)]
         (one, one_s), (two, two_s) = ((logged["charts/SPS"][-1][1], seconds) for logged, seconds in runs)
         cells = [f"{algo}.py", env_id, f"{num_envs}", f"{budget:,}", f"{one:,.0f} ({one_s:.0f} s)"]
-        rows.append("| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |")
-        print(rows[-1], flush=True)
-    text = "\n".join(
-        [
-            "# One process with two threads against two processes with one thread each",
-            "",
-            f"{machine()}, CPU (gloo). Command: `{command or 'python benchmark/speed.py --scaling'}`. "
-            "SPS: all processes' env steps per second of training (evaluation excluded; ppg_procgen.py: both phases, 64 "
-            "envs x 64 steps, an auxiliary phase after iteration 2); in brackets the whole run's wall time, start-up "
-            "included.",
-            "",
-            "| script | env | envs | steps | 1 process x 2 threads: SPS (wall) | 2 processes x 1 thread: SPS (wall) | "
-            "2 processes against 1 |",
-            "|---|---|---|---|---|---|---|",
-            *rows,
-            "",
-        ]
-    )
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(text)
-    return text
+        return "| " + " | ".join([*cells, f"{two:,.0f} ({two_s:.0f} s)", f"{two / one:.2f}x"]) + " |"
+
+    def write(rows: list[str]) -> None:
+        text = "\n".join(
+            [
+                "# One process with two threads against two processes with one thread each",
+                "",
+                f"{machine()}, CPU (gloo). Command: `{command or 'python benchmark/speed.py --scaling'}`. "
+                "SPS: all processes' env steps per second of training (evaluation excluded; ppg_procgen.py: both phases, "
+                "64 envs x 64 steps, an auxiliary phase after iteration 2); in brackets the whole run's wall time, start-up "
+                "included.",
+                "",
+                "| script | env | envs | steps | 1 process x 2 threads: SPS (wall) | 2 processes x 1 thread: SPS (wall) | "
+                "2 processes against 1 |",
+                "|---|---|---|---|---|---|---|",
+                *rows,
+                "",
+            ]
+        )
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+
+    measured(selected(SCALING, only, steps_scale), row, write)
+    return Path(out).read_text()
 
 
 def main(argv: list[str] | None = None) -> str:
-    """The tables; a run that fails outside a compiled cell (e.g. a --steps-scale that leaves a script less than it
-    needs) ends speed.py in one line with the script's own reason."""
-    try:
-        return tables(argv)
-    except subprocess.CalledProcessError as crash:
-        script = next(Path(c).name for c in crash.cmd if str(c).endswith(".py"))
-        sys.exit(f"speed.py: error: {script} exited {crash.returncode}: {last_line(crash)[:300]}")
-
-
-def tables(argv: list[str] | None) -> str:
+    """The table asked for, as written."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", nargs="*", default=None, help="rows to measure, as ALGO or ALGO:ENV_ID (default: all)")
-    p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every training budget (e.g. 0.1 to try)")
+    p.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="rows to measure, as ALGO or ALGO:ENV_ID, each optionally followed, in the same quoted word, by flags for "
+        "that row's script (e.g. 'dqn:CartPole-v1 --learning-starts 1000'; default: all rows)",
+    )
+    p.add_argument(
+        "--steps-scale",
+        type=float,
+        default=1.0,
+        help="multiply every training budget (e.g. 0.1 to try: a budget is never less than one rollout, and a "
+        "--learning-starts as large as the budget becomes half of it)",
+    )
     p.add_argument("--env-seconds", type=float, default=5.0, help="seconds of random stepping per env")
     p.add_argument("--no-compile", action="store_true", help="leave out the compiled runs (their columns show '-')")
     p.add_argument("--no-bf16", action="store_true", help="leave out the --bf16 runs (their column shows '-')")
@@ -259,13 +317,25 @@ def tables(argv: list[str] | None) -> str:
     p.add_argument("--scaling", action="store_true", help="time the torchrun rows with 1 and 2 processes instead")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    configs = SCALING if args.scaling else CONFIGS
+    for entry in args.only or []:
+        try:
+            name = (shlex.split(entry) or [""])[0]
+        except ValueError as e:
+            p.error(f"--only {entry!r}: {e}")
+        if not any(name in (algo, f"{algo}:{env_id}") for algo, env_id, *_ in configs):
+            p.error(f"--only {entry!r} names no row; the rows: {', '.join(f'{c[0]}:{c[1]}' for c in configs)}")
     args.out = args.out or str(ROOT / "benchmark" / "runs" / ("speed_scaling.md" if args.scaling else "speed.md"))
     if args.scaling:
         return scaling(args.steps_scale, args.out, args.only, command_line(argv, args.out))
-    configs = [c for c in CONFIGS if args.only is None or c[0] in args.only or f"{c[0]}:{c[1]}" in args.only]
-    rows, cuda = [], torch.cuda.is_available()
-    for algo, env_id, num_envs, steps, flags in configs:
-        budget = max(int(steps * args.steps_scale), 1)
+    return tables(args, command_line(argv, args.out))
+
+
+def tables(args: argparse.Namespace, command: str) -> str:
+    """The speed table of the rows asked for; with --only, the other rows of an existing table stay as they were."""
+    cuda = torch.cuda.is_available()
+
+    def row(algo, env_id, num_envs, budget, flags) -> str:
         eager = train(algo, env_id, num_envs, budget, flags)
         learner, note = script_sps(eager[0], flags)
         compiled = ["-", "-"] if args.no_compile else compiled_cells(algo, env_id, num_envs, budget, flags, eager, cuda)
@@ -273,35 +343,39 @@ def tables(argv: list[str] | None) -> str:
         env = env_sps(env_id, num_envs, args.env_seconds)
         shown = f"{budget:,}" + (" generations" if algo == "es" else "") + (f" ({' '.join(flags)}{note})" if flags else "")
         cells = [f"{algo}.py", env_id, f"{num_envs}", shown, f"{learner:,.0f}", f"{env:,.0f}", f"{learner / env:.1%}"]
-        rows.append("| " + " | ".join([*cells, bf16, *compiled]) + " |")
-        print(rows[-1], flush=True)
-    if args.only is not None and Path(args.out).exists():  # the rows not measured now stay as they were
+        return "| " + " | ".join([*cells, bf16, *compiled]) + " |"
+
+    old = Path(args.out).read_text().splitlines() if args.only is not None and Path(args.out).exists() else []
+    kept = [line for line in old if line.startswith("| ") and "---" not in line][1:]
+
+    def write(rows: list[str]) -> None:
         key = lambda row: " | ".join(row.split(" | ")[:2])  # noqa: E731  "| algo.py | env_id"
-        table = [line for line in Path(args.out).read_text().splitlines() if line.startswith("| ") and "---" not in line]
-        by_key = {key(row): row for row in table[1:] + rows}  # a new row replaces its old one
+        by_key = {key(row): row for row in kept + rows}  # a new row replaces its old one
         rows = [by_key[k] for k in (f"| {c[0]}.py | {c[1]}" for c in CONFIGS) if k in by_key]
-    text = "\n".join(
-        [
-            "# Learner speed against the env's own speed",
-            "",
-            f"{machine()}, "
-            f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
-            f"Command: `{command_line(argv, args.out)}`" + (" (its rows; the others as they were)." if args.only else "."),
-            "",
-            "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --bf16: script SPS (x"
-            " default's) | --compile: second-half SPS (x eager's) | --compile --cudagraphs |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            *rows,
-            "",
-            "ppo.py, a2c.py and dqn.py step their CartPole-v1 envs with gymnasium in the process (`--env-backend auto`:",
-            "up to 8 CartPoles, that is faster than envpool's hand-off to its threads); the env column is envpool's all",
-            "the same.",
-            "",
-        ]
-    )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    return text
+        text = "\n".join(
+            [
+                "# Learner speed against the env's own speed",
+                "",
+                f"{machine()}, "
+                f"{'CUDA ' + torch.cuda.get_device_name() if cuda else 'no GPU'}. "
+                f"Command: `{command}`" + (" (its rows; the others as they were)." if args.only else "."),
+                "",
+                "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept | --bf16: script SPS "
+                "(x default's) | --compile: second-half SPS (x eager's) | --compile --cudagraphs |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+                *rows,
+                "",
+                "ppo.py, a2c.py and dqn.py step their CartPole-v1 envs with gymnasium in the process (`--env-backend auto`:",
+                "up to 8 CartPoles, that is faster than envpool's hand-off to its threads); the env column is envpool's all",
+                "the same.",
+                "",
+            ]
+        )
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+
+    measured(selected(CONFIGS, args.only, args.steps_scale), row, write)
+    return Path(args.out).read_text()
 
 
 if __name__ == "__main__":

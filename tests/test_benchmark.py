@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+import tblog  # as the tools import it: the same module and filter
 from benchmark import report, run, speed
 from benchmark.studies import cleanrl_speed
 from conftest import load_algorithm
@@ -115,14 +116,14 @@ def test_resume_ends_a_hard_killed_run_at_its_logs_last_write(tmp_path):
     assert run.run_seconds(resumed[1]) == 300.0 and resumed[2]["segments"] == []
 
 
-def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0, evals=(), exact=()) -> dict:
-    """A run's events: training episodes, SPS, then `exact` (exact greedy returns) and `evals` (the final
-    evaluation's episodes, all at the last step, as the scripts log them)."""
+def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: float = 1000.0, evals=(), exact=(), end=0):
+    """A run's events: training episodes, SPS at step `end` (default: the last episode's), then `exact` (exact greedy
+    returns) and `evals` (the final evaluation's episodes, all at the last episode's step, as the scripts log them)."""
     run_dir = f"runs/{env_id}__ppo__{seed}__1"
     writer = SummaryWriter(str(bench / run_dir))
     for i, r in enumerate(returns):
         writer.add_scalar("charts/episodic_return", r, 100 * (i + 1))
-    writer.add_scalar("charts/SPS", sps, 100 * len(returns))
+    writer.add_scalar("charts/SPS", sps, end or 100 * len(returns))
     for i, r in enumerate(exact):
         writer.add_scalar("eval/exact_return", r, 100 * (i + 1))
     writer.add_scalar("eval/episodic_return", -1e6, 50)  # a periodic evaluation earlier in the run: not the final one
@@ -130,6 +131,21 @@ def write_run(bench: Path, env_id: str, seed: int, returns: list[float], sps: fl
         writer.add_scalar("eval/episodic_return", r, 100 * len(returns))
     writer.close()
     return {"env_id": env_id, "seed": seed, "status": "done", "returncode": 0, "start": 0.0, "end": 60.0, "run_dir": run_dir}
+
+
+def test_a_resumed_runs_purge_is_counted_not_warned(tmp_path, capsys, caplog):
+    """A run resumed from its step-5 checkpoint (SummaryWriter(purge_step=5)) after it had logged to step 10: the scalars
+    past the checkpoint are dropped, as tensorboard shows them, without tensorboard's warning of a "TensorFlow restart";
+    the tools' one-line note counts them."""
+    for steps, purge_step in ((range(1, 11), None), (range(5, 8), 5)):
+        writer = SummaryWriter(str(tmp_path), purge_step=purge_step)
+        for step in steps:
+            writer.add_scalar("charts/SPS", float(step), step)
+        writer.close()
+    before = tblog.purges.scalars
+    assert [step for step, _, _ in tblog.read_scalars(str(tmp_path))["charts/SPS"]] == [1, 2, 3, 4, 5, 6, 7]
+    assert tblog.purges.scalars - before == 6 and tblog.purge_note().split(" scalars ")[1].startswith("that resumed runs")
+    assert not capsys.readouterr().err and not [r for r in caplog.records if "out of order" in r.getMessage()]
 
 
 @pytest.fixture
@@ -144,7 +160,7 @@ def hand_made_bench(tmp_path):
         write_run(bench, "Acrobot-v1", 1, [-90.0] * 10),
         {"env_id": "Acrobot-v1", "seed": 2, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
         write_run(bench, "Acrobot-v1", 3, []),
-        write_run(bench, "MountainCar-v0", 1, [-500.0] * 10),
+        write_run(bench, "MountainCar-v0", 1, [-500.0] * 10, end=499_000),  # 1,000 steps short of 500k: the whole
         {"env_id": "Pendulum-v1", "seed": 1, "status": "stopped", "returncode": 143, "start": 0.0, "end": 1.0},
         {"env_id": "Pendulum-v1", "seed": 2, "status": "waiting"},
         {"env_id": "Hopper-v4", "seed": 1, "status": "failed", "returncode": 1, "start": 0.0, "end": 1.0},
@@ -160,9 +176,10 @@ def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
     assert rows["CartPole-v1"][1:4] == ["2/2", "490.0 +- 10.0", "2,000"]  # mean and population std over seeds; SPS
     assert rows["CartPole-v1"][-1].startswith("ok")  # 490 +- 10 is within the reference's 490.0 +- 6.1
-    assert rows["Acrobot-v1"][1:3] == ["1/3", "-90.0 +- 0.0"] and "runs missing" in rows["Acrobot-v1"][-1]
+    assert rows["Acrobot-v1"][1:3] == ["1/3", "-90.0 +- 0.0"]  # below -86.4 +- 1.3, at 1,000 of its 500,000 steps
+    assert rows["Acrobot-v1"][-1] == "too short to compare: 1,000 of 500,000 steps; runs missing |"
     assert "Acrobot-v1 seed 2: crashed (exit 1)" in text and "Acrobot-v1 seed 3: no episodes logged" in text
-    assert "short of reference" in rows["MountainCar-v0"][-1]
+    assert rows["MountainCar-v0"][-1] == "**short of reference** |"
     assert rows["Pendulum-v1"][1] == "0/2" and rows["Pendulum-v1"][-1] == "not finished |"  # still to go on with --resume
     assert "Pendulum-v1 seed 1: stopped (not finished)" in text and "Pendulum-v1 seed 2: waiting (not finished)" in text
     assert rows["Hopper-v4"][-1] == "**failed** |"  # a crash among them is a failure
@@ -179,12 +196,20 @@ def test_report_keep_data_makes_the_same_report_once_the_benchmark_folder_is_gon
         report.main([str(tmp_path / "r"), "--keep-data"])
 
 
-def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path):
+def test_speed_row_compares_the_learner_with_the_env_and_replaces_only_its_own_row(tmp_path, capsys):
+    """A real row replaces its old one and keeps the others; a later row that fails (here its own flag, which reaches its
+    script, makes dqn.py refuse) is said in one line with its script's reason and leaves the table as the rows before it
+    wrote it; speed.py then exits 1 naming it."""
     out = tmp_path / "s.md"
     header = "| script | env | envs | steps | script SPS | envpool random-action SPS | fraction kept |\n|---|\n"
     out.write_text(header + "| dqn.py | CartPole-v1 | 1 | kept |\n| ppo.py | CartPole-v1 | 4 | old |\n")
-    flags = ["--only", "ppo:CartPole-v1", "--steps-scale", "0.02", "--env-seconds", "0.5", "--no-compile"]
-    text = speed.main([*flags, "--out", str(out)])
+    flags = ["--only", "ppo:CartPole-v1", "dqn:CartPole-v1 --learning-starts 0", "--steps-scale", "0.02"]
+    with pytest.raises(SystemExit) as stop:
+        speed.main([*flags, "--env-seconds", "0.5", "--no-compile", "--out", str(out)])
+    assert stop.value.code == "speed.py: error: 1 of 2 rows failed (dqn:CartPole-v1), each said above"
+    refusal = "dqn.py: error: --learning-starts 0 is under --batch-size or leaves no gradient step; change it"
+    assert f"speed.py: row dqn:CartPole-v1 failed: dqn.py exited 2: {refusal}" in capsys.readouterr().out.splitlines()
+    text = out.read_text()
     table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(table) == 2 and table[1] == "| dqn.py | CartPole-v1 | 1 | kept |"  # in CONFIGS order; old row gone
     row = table[0]
@@ -204,6 +229,12 @@ def test_the_bf16_column_runs_the_row_again_with_bf16_where_the_script_takes_it(
     assert speed.bf16_cell("ppo", "Breakout-v5", 8, 1024, ["--x", "1"], eager_sps=500.0) == "750 (1.50x)"
     assert calls == [["--x", "1", "--bf16"]]
     assert speed.bf16_cell("ppo", "CartPole-v1", 4, 1024, [], eager_sps=500.0) == "-" and len(calls) == 1
+
+    def refusing(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        raise subprocess.CalledProcessError(2, [sys.executable, f"/x/{algo}.py"], "", "ppo.py: error: no bfloat16 here\n")
+
+    monkeypatch.setattr(speed, "train", refusing)  # the row keeps its eager figures, and the cell says why it has none
+    assert speed.bf16_cell("ppo", "Breakout-v5", 8, 1024, [], 500.0) == "crashed (exit 2): ppo.py: error: no bfloat16 here"
 
 
 def test_scaling_rows_time_one_process_with_two_threads_against_two_processes_with_one(tmp_path, monkeypatch):
@@ -326,6 +357,24 @@ def test_status_view_reads_the_progress_lines_of_step_and_generation_counting_sc
     assert run.run_eta(tmp_path / "es.log") == "generation 3/100, ETA 2m05s" and run.eta_seconds(tmp_path / "es.log") == 125
 
 
+def test_status_view_gives_no_eta_before_a_run_has_a_rate(tmp_path):
+    """Runs still starting (no progress line) and none finished: the ETA is not known, so not 0m00s. Once a run has
+    finished, a run still starting counts a finished run's time; a running run its own ETA."""
+    (tmp_path / "starting.log").write_text("")
+    (tmp_path / "ppo.log").write_text("step 1,024/500,000 (0%) | SPS 5,000 | return n/a | ETA 1m40s\n")
+    starting = {"env_id": "CartPole-v1", "seed": 1, "status": "running", "log": "starting.log"}
+    view = run.status_view([starting, {**starting, "seed": 2}], tmp_path, 2).splitlines()
+    assert view[0].endswith("| running 2 | waiting 0 | ETA n/a") and view[1:] == [
+        "  running CartPole-v1 seed 1: starting",
+        "  running CartPole-v1 seed 2: starting",
+    ]
+    going = {**starting, "seed": 2, "log": "ppo.log"}
+    assert run.status_view([starting, going], tmp_path, 2).splitlines()[0].endswith("| ETA n/a")  # seed 1's time unknown
+    done = {**starting, "seed": 3, "status": "done", "segments": [[0.0, 300.0]]}
+    assert run.status_view([starting, going, done], tmp_path, 2).splitlines()[0].endswith("| ETA 5m00s")
+    assert run.status_view([going, done], tmp_path, 2).splitlines()[0].endswith("| ETA 1m40s")
+
+
 def test_action_size_of_a_policy_whose_mean_sits_outside_the_bounds(tmp_path):
     """A hand-made a2c.py model whose Gaussian mean is -3 on every observation (Pendulum's bounds are +-2): the tool
     reports 3.00; another file gets one line and a non-zero exit."""
@@ -409,26 +458,50 @@ def test_the_shell_comparisons_fetch_cleanrl_at_the_pinned_commit(tmp_path):
     assert url in (tmp_path / "args").read_text().split()
 
 
-def test_speed_says_a_refused_runs_own_line_and_writes_only_where_asked(tmp_path, monkeypatch):
-    """A row whose script refuses its budget (--steps-scale too small for dqn.py, say) ends speed.py in one line with the
-    script's own reason, not a traceback; without --out the table goes to benchmark/runs/, never over the committed one."""
-    line = "dqn.py: error: --total-timesteps 2000 leaves no learning after --learning-starts 10000; raise it"
-
-    def refusing(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
-        raise subprocess.CalledProcessError(2, [sys.executable, f"/x/algorithms/{algo}.py"], "", f"warning\n{line}\n")
-
-    monkeypatch.setattr(speed, "train", refusing)
-    with pytest.raises(SystemExit) as stop:
-        speed.main(["--only", "dqn:Breakout-v5", "--steps-scale", "0.1"])
-    assert stop.value.code == f"speed.py: error: dqn.py exited 2: {line}"
+def test_speed_goes_on_past_a_failed_row_and_writes_only_where_asked(tmp_path, monkeypatch, capsys):
+    """A row whose run fails (a refusal made up here) is said in one line with its script's own reason, not a traceback;
+    the rows after it are measured and written all the same, and speed.py exits 1 naming it. Without --out the table
+    goes to benchmark/runs/, never over the committed one. An --only that names no row, or cannot be split into words, is
+    refused in one line with exit 2 and nothing written."""
+    line = "ppo.py: error: --total-timesteps 1638 is less than one rollout; raise it"
 
     def fast(algo, env_id, num_envs, steps, flags, processes=1, threads=None):
+        if env_id == "Breakout-v5":
+            raise subprocess.CalledProcessError(2, [sys.executable, f"/x/algorithms/{algo}.py"], "", f"warning\n{line}\n")
         return {"charts/SPS": [(steps, 100.0, 1.0)]}, 1.0
 
     monkeypatch.setattr(speed, "train", fast)
     monkeypatch.setattr(speed, "ROOT", tmp_path)  # where the default table would go
-    speed.main(["--only", "ppo:CartPole-v1", "--env-seconds", "0.1", "--no-compile"])
-    assert (tmp_path / "benchmark" / "runs" / "speed.md").is_file() and not (tmp_path / "benchmark" / "results").exists()
+    monkeypatch.setattr(speed, "env_sps", lambda env_id, num_envs, seconds: 1000.0)
+    with pytest.raises(SystemExit) as stop:
+        speed.main(["--only", "ppo", "--no-compile"])
+    assert stop.value.code == "speed.py: error: 1 of 2 rows failed (ppo:Breakout-v5), each said above"
+    said = capsys.readouterr().out.splitlines()
+    assert said[1] == f"speed.py: row ppo:Breakout-v5 failed: ppo.py exited 2: {line}" and len(said) == 2
+    table = (tmp_path / "benchmark" / "runs" / "speed.md").read_text()
+    assert "| ppo.py | CartPole-v1 |" in table and "| ppo.py | Breakout-v5 |" not in table
+    assert not (tmp_path / "benchmark" / "results").exists()
+    for only in (["nosuch"], ["ppo:Pong-v5"], ["ppo:CartPole-v1 --x 'unclosed"]):
+        with pytest.raises(SystemExit) as stop:
+            speed.main(["--only", *only, "--out", str(tmp_path / "never.md")])
+        assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1].split(": error: ")[1].startswith("--only")
+    assert not (tmp_path / "never.md").exists()
+
+
+def test_steps_scale_leaves_every_row_a_run_its_script_takes():
+    """At --steps-scale 0.1 a row's budget stays at least one rollout (ppg_procgen.py and rnd_ppo.py refuse less) and a
+    --learning-starts the budget does not pass becomes half the budget (dqn.py refuses a run without a gradient step);
+    the other rows are scaled as they are, and a row's own flags from --only come last, so they win."""
+    rows = {(algo, env_id): (budget, flags) for algo, env_id, _, budget, flags in speed.selected(speed.CONFIGS, None, 0.1)}
+    assert rows["dqn", "CartPole-v1"] == (10_000, ["--learning-starts", "5000"])
+    assert rows["dqn", "Breakout-v5"] == (2_000, ["--learning-starts", "1000"])
+    assert rows["ddpg_td3", "Hopper-v4"] == (500, ["--learning-starts", "256"])
+    assert rows["ppg_procgen", "StarpilotEasy-v0"][0] == 64 * 256 and rows["rnd_ppo", "MontezumaRevenge-v5"][0] == 128 * 128
+    assert rows["ppo", "CartPole-v1"] == (10_240, []) and rows["es", "CartPole-v1"] == (2, [])
+    assert [row[3] for row in speed.selected(speed.SCALING, ["ppg_procgen"], 0.1)] == [64 * 64]  # its --num-steps 64
+    assert speed.selected(speed.CONFIGS, ["dqn:CartPole-v1 --learning-starts 100"], 1.0) == [
+        ("dqn", "CartPole-v1", 1, 100_000, ["--learning-starts", "10000", "--learning-starts", "100"])
+    ]
 
 
 def test_report_tables_each_seed_beside_the_reference_curve_at_its_steps(tmp_path):

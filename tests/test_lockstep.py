@@ -289,3 +289,15 @@ def test_the_ith_scripted_env_made_shows_row_i_of_the_pool_under_a_vector_env(pa
         np.testing.assert_array_equal(obs, mine[0])
         np.testing.assert_array_equal(reward, mine[1])
     assert pools[-1].step_count == 3  # the pool whose step the scripted actions follow
+
+
+def test_a_cleanrl_folder_without_its_history_is_refused_in_one_line(tmp_path, capsys):
+    """--cleanrl names a folder holding CleanRL's files but no git history (an unpacked archive): the study reads the
+    files at its pinned commit from the history, so it stops in one line that says so and how to get a clone, exit 2."""
+    (tmp_path / "cleanrl").mkdir()
+    (tmp_path / "cleanrl" / "ppo.py").write_text("# CleanRL's file, unpacked\n")
+    with pytest.raises(SystemExit) as stop:
+        lockstep.main(["--cleanrl", str(tmp_path), "--only", "ppo-atari"])
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert stop.value.code == 2 and f"holding CleanRL's commit {lockstep.CLEANRL_COMMIT[:8]}" in error
+    assert "git clone https://github.com/vwxyzjn/cleanrl" in error

@@ -82,7 +82,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmark/studies, for the pinned CleanRL
-from cleanrl_speed import CLEANRL_COMMIT, write_ported  # noqa: E402
+from cleanrl_speed import CLEANRL_COMMIT, cleanrl_file, write_ported  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-5  # of (1 + the reference tensor's largest magnitude): float32 rounding over a few dozen Adam steps
@@ -1365,6 +1365,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.side:
         run_side(args.side, args.pair, args.script, args.flags, args.record, args.start, args.ends, args.same, args.plant)
         return 0
+    if args.cleanrl:  # CleanRL's files are read from the clone's history at the pinned commit, never its working tree
+        try:
+            cleanrl_file("cleanrl/ppo.py", args.cleanrl, Path())
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            p.error(
+                f"--cleanrl {args.cleanrl} is not a git clone holding CleanRL's commit {CLEANRL_COMMIT[:8]} (an unpacked "
+                "archive has no history): clone it with `git clone https://github.com/vwxyzjn/cleanrl`, or leave "
+                "--cleanrl out to download the files at that commit"
+            )
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(args.keep or tmp)
