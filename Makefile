@@ -32,9 +32,9 @@ test:
 test-fast:
 	$(PYTHON) -m pytest tests -q -n auto --dist worksteal -m "not learning"
 
-# Mutation testing, outside CI (about 5 minutes on two cores): mutmut changes each pure maths function of the eight
-# files in many small ways (an operator, a constant, a dropped argument) and runs the tests that reach it on each
-# change; a change no test notices survives. docs/testing.md has the score and why each survivor is harmless.
+# Mutation testing, outside CI: mutmut changes each pure maths function of the eight files in many small ways (an
+# operator, a constant, a dropped argument) and runs the tests that reach it on each change; a change no test notices
+# survives. docs/testing.md has the score, the time and what each survivor changes.
 MATHS = ppo.ppo_loss ppo.compute_gae ppo.masked_mean ppo.update_mean_var_count ppo.normalize_obs ppo.scale_reward \
 	ppo.annealed_lr a2c.a2c_loss a2c.compute_gae a2c.masked_mean a2c.update_mean_var_count \
 	a2c.normalize_obs a2c.scale_reward a2c.explained_variance a2c.annealed_lr rnd_ppo.update_mean_var_count \
