@@ -22,9 +22,7 @@
 #   BeamRider-v5      10M    --rnn lstm 1536 +- 612     (CleanRL ppo_atari_lstm.py)
 #
 # Usage: bash benchmark/ppo.sh [classic|atari|atari-cpu|mujoco|memory|memory-atari|memory-speed|all]
-# Classic control takes about 1.5 minutes a run on a quiet 2-core CPU. Atari 10M steps is about 7 hours a run
-# there (about 400 SPS) and wants a GPU; MuJoCo 1M steps took 23-51 min a run on a 2-core CPU, two at a time
-# (one thread each; 51 min while other work shared the cores).
+# How long a run takes, and on what machine: docs/ppo.md, Results. Atari 10M steps wants a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 family="${1:-classic}"
@@ -54,8 +52,7 @@ if [[ $family == mujoco || $family == all ]]; then
   bench ppo ppo_mujoco HalfCheetah-v4 Walker2d-v4 Hopper-v4 -- --checkpoint-every 100000 --save-model
 fi
 # Memory: --rnn lstm (its classic recurrent preset, RNN_PRESETS in ppo.py) on the velocity-masked CartPole
-# (benchmark/masked_envs.py), then the same settings without memory, and one report with both on each plot. About a
-# minute a run on a quiet 2-core CPU.
+# (benchmark/masked_envs.py), then the same settings without memory, and one report with both on each plot.
 if [[ $family == memory || $family == all ]]; then
   export PYTHONPATH="$PWD/benchmark${PYTHONPATH:+:$PYTHONPATH}"  # absolute: the runner runs each script in its own folder
   # the zoo's figure is the trained agent's greedy evaluation: --save-model --eval-deterministic gives the same column

@@ -11,6 +11,7 @@ import pytest
 
 import figure
 from algos import ROOT
+from conftest import only_run, run_algorithm
 
 SCRIPTS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -100,3 +101,55 @@ def test_no_work_notes_where_users_read():
         if WORK_NOTES.search(line)
     ]
     assert hits == []
+
+
+# The files of a run's folder as docs/conventions.md's table names them, and the code in algorithms/ that writes each
+RUN_FILES = {
+    "events.out.tfevents.*": "SummaryWriter(self.dir",
+    "checkpoint.pt": 'os.path.join(self.dir, "checkpoint.pt")',
+    "phase_<iteration>_process<rank>.u8": 'f"phase_{iteration}_process{run.rank}.u8"',
+    "finished": 'os.path.join(self.dir, "finished")',
+    "<script>.model": 'os.path.join(self.dir, f"{SCRIPT[:-3]}.model")',
+    "videos/eval_<step>.mp4": 'os.path.join(self.dir, "videos", f"eval_{at}.mp4" if at else "final.mp4")',
+    "videos/final.mp4": 'os.path.join(self.dir, "videos", f"eval_{at}.mp4" if at else "final.mp4")',
+}
+
+
+def run_files_table() -> dict[str, str]:
+    """docs/conventions.md's table of what a run writes: each file name, and the row that says when."""
+    page = (ROOT / "docs" / "conventions.md").read_text()
+    section = page[page.index("### What a run writes") :].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {name: row for row in rows for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])}
+
+
+def test_the_files_a_run_writes_are_listed_once_as_the_code_writes_them():
+    """One table says what a run's folder holds; every other page that lists it links there, and no page says that
+    every run writes checkpoint.pt (only --checkpoint-every N or a stop writes one)."""
+    table = run_files_table()
+    assert sorted(table) == sorted(RUN_FILES)
+    code = "".join((ROOT / "algorithms" / f"{name}.py").read_text() for name in SCRIPTS)
+    assert [name for name, writes in RUN_FILES.items() if writes not in code] == []
+    assert "--checkpoint-every N" in table["checkpoint.pt"] and "SIGTERM" in table["checkpoint.pt"]
+    for page in PAGES:
+        for paragraph in page.read_text().split("\n\n"):
+            if re.search(r"run writes `runs/", paragraph) and page.name != "conventions.md":
+                assert "conventions.md#what-a-run-writes" in paragraph, (page.name, paragraph)
+                assert "`checkpoint.pt`" not in paragraph or "--checkpoint-every" in paragraph, (page.name, paragraph)
+
+
+def test_a_run_writes_only_the_files_the_table_names(tmp_path):
+    """A default run leaves its events and `finished`; --checkpoint-every and --save-model add checkpoint.pt and the
+    model; nothing else appears, and each file matches a name of the table."""
+    names = [re.escape(name.replace("<script>", "ppo")).replace(r"\*", ".*") for name in run_files_table()]
+    patterns = [re.sub(r"<\w+>", "[^/]+", name) for name in names]
+    made = {}
+    for flags in ((), ("--checkpoint-every", "512", "--save-model", "--eval-episodes", "1")):
+        cwd = tmp_path / str(len(flags))
+        cwd.mkdir()
+        run_algorithm("ppo", "--env-id", "CartPole-v1", "--total-timesteps", "1024", *flags, cwd=cwd)
+        run_dir = only_run(cwd)
+        made[flags] = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file())
+        assert all(any(re.fullmatch(pattern, name) for pattern in patterns) for name in made[flags]), made[flags]
+    assert [re.sub(r"\..*", "", name) for name in made[()]] == ["events", "finished"]
+    assert {"checkpoint.pt", "ppo.model", "finished"} < set(made[flags])
