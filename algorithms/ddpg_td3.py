@@ -499,7 +499,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     if args.capture_video and not can_render(args.env_id):  # typed, or a resumed checkpoint's
-        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
+        fail(f"--capture-video: {args.env_id} cannot render here (it needs OpenGL or pygame); pass --no-capture-video")
 
 
 def start_run(args: Args) -> "Run":

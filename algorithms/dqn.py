@@ -494,7 +494,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> boo
         fail("--cudagraphs needs a CUDA device, and this run is on the CPU; leave it out (--compile works on the CPU)")
     args.compile = args.compile or args.cudagraphs
     if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
-        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
+        fail(f"--capture-video: {args.env_id} cannot render here (it needs OpenGL or pygame); pass --no-capture-video")
     return atari
 
 

@@ -530,7 +530,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
     if args.horizon < 1:
         fail(f"{args.env_id} has no time limit, so an episode may never end; pass --max-episode-steps, the horizon")
     if args.capture_video and int(os.environ.get("RANK", "0")) == 0 and not can_render(args.env_id):  # process 0 evaluates
-        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); pass --no-capture-video")
+        fail(f"--capture-video: {args.env_id} cannot render here (it needs OpenGL or pygame); pass --no-capture-video")
 
 
 def start_run(args: Args) -> "Run":

@@ -677,7 +677,7 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Non
         fail(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-envs {args.num_envs} x --num-steps "
              f"{args.num_steps} = {args.batch_size} steps); raise it, or lower --num-envs or --num-steps")  # fmt: skip
     if args.capture_video and not can_render(args.env_id, args.env_backend):  # typed, or a resumed checkpoint's
-        fail(f"--capture-video: {args.env_id} cannot render on this machine (no OpenGL?); run without it (--no-capture-video)")
+        fail(f"--capture-video: {args.env_id} cannot render here (it needs OpenGL or pygame); pass --no-capture-video")
 
 
 # Several processes (torchrun): what one process alone does not need, so not part of the shared plumbing
