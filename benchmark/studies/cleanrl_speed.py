@@ -128,7 +128,13 @@ def cleanrl_file(path: str, clone: str | None, cache: Path) -> str:
     """CleanRL's file at CLEANRL_COMMIT: from a local clone (git show), or downloaded once into the cache."""
     if clone:
         git = ["git", "--git-dir", clone] if clone.endswith(".git") or Path(clone, "HEAD").is_file() else ["git", "-C", clone]
-        return subprocess.run([*git, "show", f"{CLEANRL_COMMIT}:{path}"], check=True, capture_output=True, text=True).stdout
+        shown = subprocess.run([*git, "show", f"{CLEANRL_COMMIT}:{path}"], capture_output=True, text=True)
+        if shown.returncode:  # an unpacked archive has no history to read the pinned commit from
+            print(f"{Path(sys.argv[0]).name}: error: --cleanrl {clone} is not a git clone holding CleanRL's commit "
+                  f"{CLEANRL_COMMIT[:8]}: clone it with `git clone https://github.com/vwxyzjn/cleanrl`, or leave --cleanrl "
+                  "out to download the files at that commit", file=sys.stderr)  # fmt: skip
+            sys.exit(2)
+        return shown.stdout
     local = cache / CLEANRL_COMMIT / path
     if not local.is_file():
         local.parent.mkdir(parents=True, exist_ok=True)

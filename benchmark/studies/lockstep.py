@@ -1365,15 +1365,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.side:
         run_side(args.side, args.pair, args.script, args.flags, args.record, args.start, args.ends, args.same, args.plant)
         return 0
-    if args.cleanrl:  # CleanRL's files are read from the clone's history at the pinned commit, never its working tree
-        try:
-            cleanrl_file("cleanrl/ppo.py", args.cleanrl, Path())
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            p.error(
-                f"--cleanrl {args.cleanrl} is not a git clone holding CleanRL's commit {CLEANRL_COMMIT[:8]} (an unpacked "
-                "archive has no history): clone it with `git clone https://github.com/vwxyzjn/cleanrl`, or leave "
-                "--cleanrl out to download the files at that commit"
-            )
+    if args.cleanrl:  # CleanRL's files are read from the clone's history at the pinned commit: one line if it has none
+        cleanrl_file("cleanrl/ppo.py", args.cleanrl, Path())
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(args.keep or tmp)
