@@ -72,7 +72,7 @@ def test_same_seed_same_run_on_cpu(name, tmp_path):
 BAD_INPUT = {
     "ppo": [
         (["--env-id", "CartPol-v1"], r"env 'CartPol-v1' cannot be made \(NameNotFound: Environment `CartPol`"),
-        (["--env-id", "nosuchmodule:Env-v0"], r"names module 'nosuchmodule', which cannot be imported"),
+        (["--env-id", "nosuchmodule:Env-v0"], r"env 'nosuchmodule:Env-v0' cannot be made \(ModuleNotFoundError"),
         (["--env-id", "Breakout-v5", "--norm-obs"], r"--norm-obs is for float observations, and Breakout-v5 has uint8"),
         (["--num-minibatches", "3"], r"512 does not divide into 3 minibatches"),
         (["--total-timesteps", "100"], r"less than one rollout"),
