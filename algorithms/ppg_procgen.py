@@ -595,7 +595,7 @@ RANGES = dict(seed="[0, 1e9]", num_levels="[0, 1e9]", start_level="[0, 1e9]", ev
 def preset_defaults(argv: list[str]) -> Args:
     # paper: openai/phasic-policy-gradient train.py (but the reward filter's gamma, see scale_reward); small: N_pi 8
     n_pi = 8 if flag_value(argv, "preset", Args.preset) == "small" else Args.n_pi
-    env_id = flag_value(argv, "env_id", Args.env_id)  # a game's name: --help shows the id it runs
+    env_id = flag_value(argv, "env_id", Args.env_id)  # a game's name (starpilot): its Easy id, which --help shows
     easy = f"{env_id.capitalize()}Easy-v0"
     return Args(env_id=easy if easy in envpool.list_all_envs() else env_id, n_pi=n_pi)
 
@@ -628,7 +628,7 @@ def bf16_note(device: torch.device) -> str:
 def start_run(args: Args) -> "Run":
     """Every check before the run directory is made; then the Run (process 0 writes), with this process's envs."""
     procgen = [name for name in envpool.list_all_envs() if name.endswith(("Easy-v0", "Hard-v0"))]  # 16 games x 2
-    if (easy := f"{args.env_id.capitalize()}Easy-v0") in procgen:  # a game's name (starpilot) means its Easy one, said once
+    if (easy := preset_defaults(["--env-id", args.env_id]).env_id) != args.env_id:  # a game's name means its Easy one
         print(f"--env-id {args.env_id} runs envpool's {easy} (pass {easy[:-7]}Hard-v0 for Hard)")
         args.env_id = easy
     if args.env_id not in procgen:
