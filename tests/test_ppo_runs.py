@@ -61,6 +61,13 @@ def test_smoke_trains_saves_reloads_and_evaluates(env_id, flags, tmp_path, test_
         assert (run / "videos" / "final.mp4").stat().st_size > 1000
 
 
+def test_frame_stack_sets_the_channels_of_the_network(tmp_path):
+    """--frame-stack 2: the network a run trains takes two channels (the stacking itself: test_ppo_logic.py)."""
+    tiny = "--num-envs 1 --num-steps 32 --num-minibatches 1 --total-timesteps 32 --checkpoint-every 32".split()
+    run_algorithm("ppo", "--env-id", "Breakout-v5", "--frame-stack", "2", *tiny, cwd=tmp_path)
+    assert load_file(only_run(tmp_path) / "checkpoint.pt")["model"]["encoder.0.weight"].shape[1] == 2
+
+
 def test_episodic_length_is_the_whole_atari_game_not_one_life(tmp_path):
     """Training ends an episode at each lost life (episodic life); the logged episode is the whole game of five lives
     (the raw score is checked game by game in the next test)."""
