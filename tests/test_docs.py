@@ -153,3 +153,30 @@ def test_a_run_writes_only_the_files_the_table_names(tmp_path):
         assert all(any(re.fullmatch(pattern, name) for pattern in patterns) for name in made[flags]), made[flags]
     assert [re.sub(r"\..*", "", name) for name in made[()]] == ["events", "finished"]
     assert {"checkpoint.pt", "ppo.model", "finished"} < set(made[flags])
+
+
+def test_the_ppg_pages_small_run_is_the_learning_checks_run():
+    """docs/ppg_procgen.md offers a small run as the learning check of tests/test_learning.py: the same flags (the
+    test adds its seed), so that the page's run learns what the test shows it learns, in the time the page gives."""
+    page = (ROOT / "docs" / "ppg_procgen.md").read_text()
+    command = next(b for b in page.split("```bash\n")[1:] if "JumperEasy-v0" in b.split("```")[0]).split("```")[0]
+    words = command.replace("\\\n", " ").split()[2:]  # past `python algorithms/ppg_procgen.py`
+    test = (ROOT / "tests" / "test_learning.py").read_text()
+    argv = re.findall(r'"([^"]+)"', test[test.index('"--env-id", "JumperEasy-v0"') :].split("])")[0]) + ["--no-cuda"]
+    seed = argv.index("--seed")
+    assert words == argv[:seed] + argv[seed + 2 :], (words, argv)
+
+
+def test_the_readme_counts_the_lines_a_learner_reads_as_the_files_have_them():
+    """The README's algorithms table gives each file's length down to its `# The algorithm ends here` line (what
+    benchmark/studies/form.py prints as part 1): a file that grows or shrinks there changes the table with it."""
+    table = {}
+    for row in (ROOT / "README.md").read_text().splitlines():
+        if row.startswith("| [`") and (found := re.search(r"\| ([\d,]+) \([^)]*\) \|", row)):
+            table[re.search(r"`(\w+)\.py`", row).group(1)] = int(found.group(1).replace(",", ""))
+    lines = {name: (ROOT / "algorithms" / f"{name}.py").read_text().splitlines() for name in SCRIPTS}
+    part_1 = {
+        name: next(i for i, line in enumerate(text) if line.startswith("# The algorithm ends here"))
+        for name, text in lines.items()
+    }
+    assert table == part_1
