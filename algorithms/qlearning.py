@@ -582,10 +582,10 @@ def resumed_args(args: Args) -> Args:
     end = int(open(finished).read()) if os.path.isfile(finished) else -1
     budget = "num_generations" if "num_generations" in saved else "total_timesteps"
     longer = budget in args.typed and getattr(args, budget) > saved[budget]  # a longer run goes on from any checkpoint
-    if state.get("global_step", end) < end and not longer:  # a stop's checkpoint left behind, resumed as it was
-        behind = f"'{args.resume}' holds step {state['global_step']:,} of a run that went on to finish at step {end:,}"
-        again = f"it would train those steps again into runs/{state['run_name']}, over their events and final model"
-        fail(f"{behind}: resumed, {again}; pass a --{budget.replace('_', '-')} above {saved[budget]} to extend the run")
+    if (at := state.get("global_step", end)) <= end and not longer:  # a finished run's checkpoint, resumed as it was
+        again = "train nothing" if at == end else f"train those steps again into runs/{state['run_name']}, over their events"
+        fail(f"'{args.resume}' holds step {at:,} of a run that finished at step {end:,}: resumed, it would {again}; "
+             f"pass a --{budget.replace('_', '-')} above {saved[budget]} to extend the run")  # fmt: skip
     for name in sorted(args.typed - {"resume"}, key=list(defaults).index):
         value, flag, was = getattr(args, name), f"--{name.replace('_', '-')}", saved[name]
         reached = {"total_timesteps": ("step", "global_step"), "num_generations": ("generation", "generation")}.get(name)

@@ -272,7 +272,8 @@ def test_stopped_run_resumes_with_no_gap_and_no_repeated_step(name, sig, tmp_pat
     # the stop's checkpoint, left behind, would train the finished run's last steps again into its folder: refused
     shutil.copy(tmp_path / "stopped.pt", run / "checkpoint.pt")
     proc = run_bad_input(name, ["--resume", str(run / "checkpoint.pt")], tmp_path, "")
-    assert_one_error_line(name, proc, rf"holds step {ckpt['global_step']:,} of a run that went on to finish at step {total:,}")
+    again = "resumed, it would train those steps again"
+    assert_one_error_line(name, proc, rf"holds step {ckpt['global_step']:,} of a run that finished at step {total:,}: {again}")
     # with a longer budget the same checkpoint extends the finished run (the schedules follow the new length)
     argv = ["--resume", str(run / "checkpoint.pt"), "--total-timesteps", str(total + 1)]
     longer = run_in_process(name, lambda module: print(module.parse_args(argv).total_timesteps), tmp_path)

@@ -140,14 +140,21 @@ def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_
     env_id = ["--env-id", MODULES[name].Args.env_id if "--env-id" not in flags else flags[flags.index("--env-id") + 1]]
     flag = f"--{length.replace('_', '-')}"
 
-    # a flag that changes how the run learns, with another value than the checkpoint's: refused, nothing written
+    # the finished run's last checkpoint, resumed as it was, would train nothing: refused
+    proc = run_bad_input(name, [*env_id, "--resume", checkpoint], tmp_path, "CartPole-v1")
+    old = flags[flags.index(flag) + 1]
+    nothing = rf"a run that finished at step .*: resumed, it would train nothing; pass a {flag} above {old} to extend"
+    assert_one_error_line(name, proc, nothing)
+
+    # as if the run had stopped at its checkpoint (no `finished`), a flag that changes how the run learns, with another
+    # value than the checkpoint's, and a length that does not go past the checkpoint: refused, nothing written
+    (run / "finished").rename(tmp_path / "finished")
     proc = run_bad_input(name, [*env_id, "--resume", checkpoint, "--seed", "2"], tmp_path, "CartPole-v1")
     assert_one_error_line(name, proc, r"--seed 2 differs from the checkpoint's 1.*leave out --seed \(or pass 1\)")
-    assert tag_steps(run) == before
-
-    # a length that does not go past the checkpoint: refused, rather than a resumed run that stops at once
     proc = run_bad_input(name, [*env_id, "--resume", checkpoint, flag, "1"], tmp_path, "CartPole-v1")
     assert_one_error_line(name, proc, rf"{flag} 1 does not go past the checkpoint's .*; pass a {flag} above")
+    (tmp_path / "finished").rename(run / "finished")
+    assert tag_steps(run) == before
 
     # a longer run, with the same seed typed again: applied and said; the curve goes on from the checkpoint, no gap
     longer_flags = [*env_id, "--resume", checkpoint, flag, str(longer), "--seed", "1"]
@@ -156,7 +163,6 @@ def test_a_resumed_run_takes_a_longer_run_and_the_same_values_and_refuses_other_
     time.sleep(1.01 - time.time() % 1)
     proc = run_in_process(name, lambda m: m.main(m.parse_args(longer_flags)), tmp_path)
     assert proc.returncode == 0, proc.stderr
-    old = flags[flags.index(flag) + 1]
     assert f"resuming with {flag} {longer} (the checkpoint has {old})" in proc.stdout
     after = tag_steps(run)
     assert after[: len(before)] == before and len(after) > len(before)
