@@ -418,13 +418,13 @@ def check_args(args: Args, obs_space: gym.Space, action_space: gym.Space) -> Gri
 
 
 def start_run(args: Args) -> "Run":
-    """Every check before the run directory is made, then the device, the checkpoint read and the Run; on toy text, the
-    exact optimum from gymnasium's start states (envpool's Taxi starts from more: see transition_tables)."""
+    """Every check before the run directory is made, then the device, the checkpoint, the Run, the exact optimum (toy text)."""
     obs_space, action_space = env_spaces(args.env_id)
     grid = check_args(args, obs_space, action_space)
     device = seed_and_device(args, small=True)
     check_storage(storage(args, obs_space, action_space, device, grid))
-    run = Run(args, load_checkpoint(args.resume, args.env_id) if args.resume else None, device, args.total_timesteps)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run = Run(args, ckpt, device, args.num_iterations * args.num_envs)  # whole vector steps: the total it reaches
     run.grid, run.num_actions, run.num_states = grid, action_space.n, grid.num_states if grid.bins else obs_space.n
     run.start_iteration = run.ckpt["iteration"] + 1 if run.ckpt else 1
     if run.ckpt:

@@ -58,8 +58,8 @@ import dqn
 args = dqn.parse_args(["--env-id", "Breakout-v5"])
 envs = envpool.make("Breakout-v5", env_type="gymnasium", num_envs=1, seed=1, episodic_life=True, reward_clip=True)
 obs, _ = envs.reset()
-rb = dqn.ReplayBuffer(args.buffer_size, 1, obs.shape[1:], np.uint8, 4, 1)
-rb.start(obs)
+rb = dqn.ReplayBuffer(args.buffer_size, 1, envs.observation_space, True, 1)
+rb.add_obs(obs, np.ones(1, bool))
 real_steps, played, t0 = int(os.environ["REAL_STEPS"]), [], time.time()
 rng, valid, first = np.random.default_rng(0), np.ones(1, bool), np.zeros(1, bool)
 for t in range(args.buffer_size):
@@ -73,9 +73,10 @@ for t in range(args.buffer_size):
     valid, first = step[3], step[4]
 q_network = dqn.QNetwork(envs.observation_space, envs.action_space)
 batch = rb.sample(args.batch_size, torch.device("cpu"))
-q_network(batch[0]).sum().backward()
+q_network(batch["obs"]).sum().backward()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # ru_maxrss is in KiB on Linux
-print(f"{args.buffer_size:,} transitions: buffer {rb.nbytes() / 1e9:.2f} GB, peak RSS {peak:.2f} GB "
+nbytes = sum(a.nbytes for a in vars(rb).values() if isinstance(a, np.ndarray))
+print(f"{args.buffer_size:,} transitions: buffer {nbytes / 1e9:.2f} GB, peak RSS {peak:.2f} GB "
       f"({min(real_steps, args.buffer_size):,} real steps, {time.time() - t0:.0f} s)")
 EOF
 fi
