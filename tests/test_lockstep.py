@@ -10,6 +10,8 @@ that make ours' departures CleanRL's, one optimiser over two modules, and RND's 
 
 import shutil
 import sys
+import urllib.error
+import urllib.request
 
 import envpool
 import numpy as np
@@ -301,3 +303,17 @@ def test_a_cleanrl_folder_without_its_history_is_refused_in_one_line(tmp_path, c
     error = capsys.readouterr().err.splitlines()[-1]
     assert stop.value.code == 2 and f"holding CleanRL's commit {lockstep.CLEANRL_COMMIT[:8]}" in error
     assert "git clone https://github.com/vwxyzjn/cleanrl" in error
+
+
+def test_cleanrl_files_that_cannot_be_downloaded_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """Without --cleanrl the study downloads CleanRL's files; offline it stops in one line naming the clone to pass."""
+
+    def offline(url, timeout):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(SystemExit) as stop:
+        lockstep.cleanrl_file("cleanrl/ppo.py", None, tmp_path)
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert stop.value.code == 2 and "cleanrl/ppo.py cannot be downloaded (<urlopen error Name or service not known>)" in error
+    assert "pass the clone's folder as --cleanrl" in error

@@ -126,21 +126,24 @@ BF16 = {"ppo-breakout", "td3-hopper"}  # the rows whose script takes --bf16 on t
 
 def cleanrl_file(path: str, clone: str | None, cache: Path) -> str:
     """CleanRL's file at CLEANRL_COMMIT: from a local clone (git show), or downloaded once into the cache."""
-    if clone:
-        git = ["git", "--git-dir", clone] if clone.endswith(".git") or Path(clone, "HEAD").is_file() else ["git", "-C", clone]
-        shown = subprocess.run([*git, "show", f"{CLEANRL_COMMIT}:{path}"], capture_output=True, text=True)
-        if shown.returncode:  # an unpacked archive has no history to read the pinned commit from
-            print(f"{Path(sys.argv[0]).name}: error: --cleanrl {clone} is not a git clone holding CleanRL's commit "
-                  f"{CLEANRL_COMMIT[:8]}: clone it with `git clone https://github.com/vwxyzjn/cleanrl`, or leave --cleanrl "
-                  "out to download the files at that commit", file=sys.stderr)  # fmt: skip
-            sys.exit(2)
-        return shown.stdout
-    local = cache / CLEANRL_COMMIT / path
-    if not local.is_file():
-        local.parent.mkdir(parents=True, exist_ok=True)
-        url = f"https://raw.githubusercontent.com/vwxyzjn/cleanrl/{CLEANRL_COMMIT}/{path}"
-        local.write_bytes(urllib.request.urlopen(url, timeout=60).read())
-    return local.read_text()
+    local, bare = cache / CLEANRL_COMMIT / path, clone and (clone.endswith(".git") or Path(clone, "HEAD").is_file())
+    try:
+        if clone:
+            git = ["git", "--git-dir" if bare else "-C", clone, "show", f"{CLEANRL_COMMIT}:{path}"]
+            return subprocess.run(git, capture_output=True, text=True, check=True).stdout
+        if not local.is_file():
+            local.parent.mkdir(parents=True, exist_ok=True)
+            url = f"https://raw.githubusercontent.com/vwxyzjn/cleanrl/{CLEANRL_COMMIT}/{path}"
+            local.write_bytes(urllib.request.urlopen(url, timeout=60).read())
+        return local.read_text()
+    except (subprocess.CalledProcessError, OSError) as error:  # an unpacked archive has no history; offline, no download
+        what = f"--cleanrl {clone} is not a git clone holding" if clone else f"{path} cannot be downloaded ({error}) at"
+        print(
+            f"{Path(sys.argv[0]).name}: error: {what} CleanRL's commit {CLEANRL_COMMIT[:8]}: clone CleanRL with "
+            "`git clone https://github.com/vwxyzjn/cleanrl` and pass the clone's folder as --cleanrl",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def write_ported(path: str, tree: Path, clone: str | None, cache: Path) -> Path:
