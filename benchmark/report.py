@@ -121,7 +121,8 @@ def table(algo: str, runs: list[dict], references: dict) -> str:
         source = f"{ref['source']} ({int(ref['steps']):,} steps)" if ref else "-"
         if not ok:  # a benchmark still under way (or stopped, to go on with run.py --resume) has not failed
             unfinished = all(r["problem"].endswith("(not finished)") for r in env_runs)
-            verdict = "not finished" if unfinished else "**failed**"
+            quiet = all(r["problem"] == "no episodes logged" for r in env_runs)  # runs that ended before an episode did
+            verdict = "not finished" if unfinished else "too short to compare: no episode ended" if quiet else "**failed**"
             row = f"| {env_id} | 0/{len(env_runs)} | no result | - | - | - | - | - | {ref_text} | {source} | {verdict} |"
             lines.append(row)
             continue

@@ -185,6 +185,16 @@ def test_report_table_on_hand_made_events(hand_made_bench, tmp_path):
     assert rows["Hopper-v4"][-1] == "**failed** |"  # a crash among them is a failure
 
 
+def test_report_says_runs_that_ended_before_any_episode_are_too_short_not_failed(tmp_path):
+    bench = tmp_path / "bench"
+    jobs = [write_run(bench, "Acrobot-v1", seed, []) for seed in (1, 2)]
+    (bench / "status.json").write_text(json.dumps(jobs))
+    (bench / "bench.json").write_text(json.dumps({"algo": "ppo"}))
+    text = (report.main([str(bench), "--out", str(tmp_path / "r")]) / "report.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| Acrobot-v1"))
+    assert row.endswith("| too short to compare: no episode ended |") and "seed 2: no episodes logged" in text
+
+
 def test_report_keep_data_makes_the_same_report_once_the_benchmark_folder_is_gone(hand_made_bench, tmp_path):
     """--keep-data copies bench.json, status.json, the logs and the events beside the report, not the checkpoints."""
     (hand_made_bench / "runs" / "CartPole-v1__ppo__1__1" / "checkpoint.pt").write_bytes(b"not copied")
