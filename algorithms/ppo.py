@@ -1193,9 +1193,10 @@ def run_main(main, args) -> None:
     threading.excepthook = lambda hook: getattr(hook.exc_value, "errno", 0) in UNWRITABLE or threading.__excepthook__(hook)
     try:
         main(args)
-    except NonFinite as error:
+    except (NonFinite, BrokenPipeError) as error:  # BrokenPipeError: the reader of stdout has gone (`| head`)
         if Run.last is not None and Run.last.writer is not None:
             Run.last.writer.close()  # the events up to it kept
+        isinstance(error, BrokenPipeError) and os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush
         end_in_error(str(error), args)
     except OSError as error:  # a write elsewhere (the events' thread says its own at the next write)
         if error.errno not in UNWRITABLE:

@@ -137,3 +137,18 @@ def test_a_video_that_cannot_be_written_is_said_in_one_line_and_the_run_goes_on(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"{name}.py: warning: cannot write {path}: File exists; the run goes on"]
     assert not os.path.exists(path)
+
+
+def test_output_whose_reader_has_gone_ends_the_run_in_one_line(tmp_path):
+    """`ppo.py ... | head -3`: the reader of stdout goes after a few lines; the next print meets a broken pipe, and the run
+    ends in one line on stderr naming the checkpoint to resume from, exit status 1, no traceback."""
+    flags = ["--total-timesteps", "40960", "--checkpoint-every", "512", "--progress-interval", "0", CPU]
+    cmd = [sys.executable, str(ROOT / "algorithms" / "ppo.py"), *flags]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=one_thread(None))
+    assert proc.stdout.readline().startswith(b"ppo.py: training on cpu")
+    while not proc.stdout.readline().startswith(b"step 1,024/"):  # a checkpoint written at step 512
+        pass
+    proc.stdout.close()
+    err = proc.stderr.read().decode().strip().splitlines()
+    assert proc.wait(timeout=120) == 1 and len(err) == 1, err
+    assert err[0].startswith("ppo.py: error: [Errno 32] Broken pipe; the last checkpoint, runs/"), err

@@ -27,14 +27,14 @@ BEFORE = {"ppo": (789, 399), "a2c": (733, 380), "ppg_procgen": (695, 488), "rnd_
 
 # Where the redesign has got to: no file grows back past these while the limits above are still ahead of it
 CEILING = {
-    "ppo": dict(total=1310, machinery=368, shared=464),
-    "a2c": dict(total=1276, machinery=361, shared=464),
-    "ppg_procgen": dict(total=1405, machinery=362, shared=464),
-    "rnd_ppo": dict(total=1444, machinery=327, shared=464),
-    "dqn": dict(total=1046, machinery=223, shared=464),
-    "ddpg_td3": dict(total=1025, machinery=173, shared=464),
-    "es": dict(total=1052, machinery=235, shared=464),
-    "qlearning": dict(total=922, machinery=214, shared=464),
+    "ppo": dict(total=1311, machinery=368, shared=465),
+    "a2c": dict(total=1277, machinery=361, shared=465),
+    "ppg_procgen": dict(total=1406, machinery=362, shared=465),
+    "rnd_ppo": dict(total=1445, machinery=327, shared=465),
+    "dqn": dict(total=1047, machinery=223, shared=465),
+    "ddpg_td3": dict(total=1026, machinery=173, shared=465),
+    "es": dict(total=1053, machinery=235, shared=465),
+    "qlearning": dict(total=923, machinery=214, shared=465),
 }
 
 
