@@ -226,7 +226,8 @@ def test_resume_report_names_only_the_given_flags_that_differ(tmp_path):
     neither as a change a resumed run takes nor as one it refuses."""
     run_algorithm("qlearning", "--total-timesteps", "6400", "--checkpoint-every", "6400", cwd=tmp_path)
     checkpoint = str(only_run(tmp_path) / "checkpoint.pt")
-    resumed = run_algorithm("qlearning", "--resume", checkpoint, "--log-every", "1280", "--seed", "1", cwd=tmp_path)
+    longer = ["--total-timesteps", "12800", "--log-every", "1280", "--seed", "1"]  # the finished run extended
+    resumed = run_algorithm("qlearning", "--resume", checkpoint, *longer, cwd=tmp_path)
     assert "resuming with --log-every 1280 (the checkpoint has 10000)" in resumed.stdout
     assert "num-iterations" not in resumed.stdout and "--seed" not in resumed.stdout
     tyro_error = run_algorithm("qlearning", "--num-iterations", "5", cwd=tmp_path, check=False)
