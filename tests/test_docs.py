@@ -11,6 +11,7 @@ import pytest
 
 import figure
 from algos import ROOT
+from benchmark.studies import form
 from conftest import only_run, run_algorithm
 
 SCRIPTS = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py"))
@@ -174,9 +175,4 @@ def test_the_readme_counts_the_lines_a_learner_reads_as_the_files_have_them():
     for row in (ROOT / "README.md").read_text().splitlines():
         if row.startswith("| [`") and (found := re.search(r"\| ([\d,]+) \([^)]*\) \|", row)):
             table[re.search(r"`(\w+)\.py`", row).group(1)] = int(found.group(1).replace(",", ""))
-    lines = {name: (ROOT / "algorithms" / f"{name}.py").read_text().splitlines() for name in SCRIPTS}
-    part_1 = {
-        name: next(i for i, line in enumerate(text) if line.startswith("# The algorithm ends here"))
-        for name, text in lines.items()
-    }
-    assert table == part_1
+    assert table == {name: form.form(name)["part_one"] for name in SCRIPTS}
