@@ -508,7 +508,8 @@ def start_run(args: Args) -> "Run":
     check_args(args, obs_space, action_space)
     device = seed_and_device(args, small=True)
     check_storage(storage(args, obs_space, action_space, device))
-    run = Run(args, load_checkpoint(args.resume, args.env_id) if args.resume else None, device, args.total_timesteps)
+    ckpt = load_checkpoint(args.resume, args.env_id) if args.resume else None
+    run = Run(args, ckpt, device, -(-args.total_timesteps // args.num_envs) * args.num_envs)  # whole vector steps, as it runs
     if args.bf16 and (slow := bf16_note(device)):
         print(slow, flush=True)
     run.obs_space, run.action_space = obs_space, action_space
@@ -803,7 +804,7 @@ class Run:
         self.writer.add_scalar("charts/SPS", sps, global_step)
         if force or time.time() - self.last_print > self.args.progress_interval:
             self.last_print, mean = time.time(), f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
-            eta = seconds / max(done - self.start_done, 1) * max(self.total - done, 0)  # a last vector step may pass it
+            eta = seconds / max(done - self.start_done, 1) * (self.total - done)
             line = f"{self.unit} {done:,}/{self.total:,} ({100 * done / self.total:.0f}%) | SPS {sps:,}"
             line += f" | return {mean} (last {len(self.recent_returns)} episodes){extra}"
             print(f"{line} | ETA {int(eta // 60)}m{int(eta % 60):02d}s", flush=True)

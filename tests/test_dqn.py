@@ -324,8 +324,9 @@ def test_dqn_cartpole_reaches_200_in_the_first_250k_steps_of_the_classic_run(tmp
     assert len(means) and means.max() >= 200, f"best 20-episode mean {means.max() if len(means) else None}"
 
 
-def test_a_last_vector_step_past_the_total_shows_no_negative_eta(tmp_path):
-    """With --num-envs 3, the run's last vector step passes --total-timesteps 601 (to 603): the ETA stays at 0."""
+def test_the_progress_total_is_the_whole_vector_steps_a_run_reaches(tmp_path):
+    """With --num-envs 3, the run's last vector step passes --total-timesteps 601 (to 603): the progress line's total is
+    the 603 steps the run reaches, and its ETA ends at 0."""
     flags = "--env-id CartPole-v1 --num-envs 3 --total-timesteps 601 --learning-starts 300 --progress-interval 0".split()
     last = [line for line in run_algorithm("dqn", *flags, cwd=tmp_path).stdout.splitlines() if line.startswith("step ")][-1]
-    assert last.startswith("step 603/601 (100%)") and last.endswith("| ETA 0m00s"), last
+    assert last.startswith("step 603/603 (100%)") and last.endswith("| ETA 0m00s"), last
