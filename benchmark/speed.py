@@ -366,7 +366,7 @@ def tables(args: argparse.Namespace, command: str) -> str:
                 *rows,
                 "",
                 "ppo.py, a2c.py and dqn.py step their CartPole-v1 envs with gymnasium in the process (`--env-backend auto`:",
-                "up to 8 CartPoles, that is faster than envpool's hand-off to its threads); the env column is envpool's all",
+                "up to 10 CartPoles, that is faster than envpool's hand-off to its threads); the env column is envpool's all",
                 "the same.",
                 "",
             ]
